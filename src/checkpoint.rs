@@ -1,0 +1,365 @@
+//! A streaming query's checkpoint, in Spark's layout (spec §1.4, §9.1):
+//!
+//! ```text
+//! <checkpoint>/
+//!   metadata            {"id":"<query uuid>"}, written once
+//!   offsets/<N>         v1, batch metadata JSON, one offset JSON per source (write-ahead log)
+//!   commits/<N>         v1, {"nextBatchWatermarkMs":...}   (batch N is done)
+//!   sources/0/<k>       v1, one JSON line per file taken in file-source log entry k
+//! ```
+//!
+//! Every entry is written atomically and fsynced, and never overwritten. The protocol is:
+//! `offsets/N` before batch N runs, the sink commit, then `commits/N`. On restart, an
+//! `offsets/N` without `commits/N` means batch N is replayed with exactly those offsets.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::error::{Error, Result};
+use crate::fsutil::{create_dir_all, write_atomic, write_new};
+use crate::source::file::ListedFile;
+
+/// A micro-batch id: 0, 1, 2, ... never skipping.
+pub type BatchId = u64;
+
+/// How many log entries are kept (Spark's `minBatchesToRetain`).
+pub const MIN_BATCHES_TO_RETAIN: u64 = 100;
+
+/// The metadata line of `offsets/N`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OffsetMetadata {
+    pub batch_watermark_ms: i64,
+    pub batch_timestamp_ms: i64,
+    #[serde(default)]
+    pub conf: BTreeMap<String, String>,
+}
+
+/// One `offsets/N` entry: the batch's metadata and each source's end offset.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OffsetSeq {
+    pub metadata: OffsetMetadata,
+    /// One per source, in source order; `None` for a source with no offset yet (`-`).
+    pub offsets: Vec<Option<serde_json::Value>>,
+}
+
+impl OffsetSeq {
+    fn encode(&self) -> Result<String> {
+        let mut s = String::from("v1\n");
+        s.push_str(&to_json(&self.metadata)?);
+        for o in &self.offsets {
+            s.push('\n');
+            match o {
+                Some(v) => s.push_str(&v.to_string()),
+                None => s.push('-'),
+            }
+        }
+        Ok(s)
+    }
+
+    fn decode(text: &str, file: &Path) -> Result<OffsetSeq> {
+        let corrupt =
+            |why: &str| Error::Internal(format!("corrupt offsets log {}: {why}", file.display()));
+        let mut lines = text.lines();
+        if lines.next() != Some("v1") {
+            return Err(corrupt("unsupported version"));
+        }
+        let metadata: OffsetMetadata =
+            serde_json::from_str(lines.next().ok_or_else(|| corrupt("no metadata"))?)
+                .map_err(|e| corrupt(&e.to_string()))?;
+        let mut offsets = Vec::new();
+        for l in lines {
+            offsets.push(if l == "-" {
+                None
+            } else {
+                Some(serde_json::from_str(l).map_err(|e| corrupt(&e.to_string()))?)
+            });
+        }
+        Ok(OffsetSeq { metadata, offsets })
+    }
+}
+
+/// One `commits/N` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CommitEntry {
+    pub next_batch_watermark_ms: i64,
+}
+
+/// One line of a file-source log entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceFileEntry {
+    pub path: String,
+    pub timestamp: i64,
+    pub batch_id: u64,
+}
+
+/// An open checkpoint directory.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    root: PathBuf,
+    /// The query id: stable across restarts, the Delta application id.
+    pub id: Uuid,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Metadata {
+    id: Uuid,
+}
+
+impl Checkpoint {
+    /// Opens (creating if needed) the checkpoint at `root`.
+    pub fn open(root: &Path) -> Result<Checkpoint> {
+        for d in ["offsets", "commits", "sources/0"] {
+            create_dir_all(&root.join(d))?;
+        }
+        let meta = root.join("metadata");
+        let id = match std::fs::read_to_string(&meta) {
+            Ok(text) => {
+                let m: Metadata = serde_json::from_str(text.trim()).map_err(|e| {
+                    Error::Internal(format!(
+                        "corrupt checkpoint metadata {}: {e}",
+                        meta.display()
+                    ))
+                })?;
+                m.id
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let id = Uuid::new_v4();
+                write_atomic(&meta, to_json(&Metadata { id })?.as_bytes())?;
+                id
+            }
+            Err(e) => return Err(Error::io(format!("reading {}", meta.display()), e)),
+        };
+        Ok(Checkpoint {
+            root: root.to_path_buf(),
+            id,
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn offsets_dir(&self) -> PathBuf {
+        self.root.join("offsets")
+    }
+
+    fn commits_dir(&self) -> PathBuf {
+        self.root.join("commits")
+    }
+
+    /// The file-source log of source `i`.
+    pub fn source_log(&self, i: usize) -> FileSourceLog {
+        FileSourceLog {
+            dir: self.root.join("sources").join(i.to_string()),
+        }
+    }
+
+    /// The newest `offsets/N`, if any.
+    pub fn latest_offsets(&self) -> Result<Option<(BatchId, OffsetSeq)>> {
+        match latest_id(&self.offsets_dir())? {
+            None => Ok(None),
+            Some(n) => Ok(Some((
+                n,
+                self.offsets(n)?
+                    .ok_or_else(|| Error::Internal(format!("offsets/{n} vanished")))?,
+            ))),
+        }
+    }
+
+    /// `offsets/N`, if it exists.
+    pub fn offsets(&self, n: BatchId) -> Result<Option<OffsetSeq>> {
+        let file = self.offsets_dir().join(n.to_string());
+        match read_optional(&file)? {
+            None => Ok(None),
+            Some(text) => OffsetSeq::decode(&text, &file).map(Some),
+        }
+    }
+
+    /// The newest `commits/N`, if any.
+    pub fn latest_commit(&self) -> Result<Option<(BatchId, CommitEntry)>> {
+        let Some(n) = latest_id(&self.commits_dir())? else {
+            return Ok(None);
+        };
+        let file = self.commits_dir().join(n.to_string());
+        let text = read_optional(&file)?.unwrap_or_default();
+        let mut lines = text.lines();
+        let corrupt = || Error::Internal(format!("corrupt commit log {}", file.display()));
+        if lines.next() != Some("v1") {
+            return Err(corrupt());
+        }
+        let entry =
+            serde_json::from_str(lines.next().ok_or_else(corrupt)?).map_err(|_| corrupt())?;
+        Ok(Some((n, entry)))
+    }
+
+    /// Writes `offsets/N` durably. Refuses to overwrite: the log is append-only.
+    pub fn write_offsets(&self, n: BatchId, seq: &OffsetSeq) -> Result<()> {
+        let file = self.offsets_dir().join(n.to_string());
+        if !write_new(&file, seq.encode()?.as_bytes())? {
+            return Err(Error::Internal(format!(
+                "offsets/{n} already exists in {}: is another run of this query active?",
+                self.root.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Writes `commits/N` durably.
+    pub fn write_commit(&self, n: BatchId, entry: &CommitEntry) -> Result<()> {
+        let file = self.commits_dir().join(n.to_string());
+        let text = format!("v1\n{}", to_json(entry)?);
+        if !write_new(&file, text.as_bytes())? {
+            return Err(Error::Internal(format!("commits/{n} already exists")));
+        }
+        Ok(())
+    }
+
+    /// Deletes log entries older than the retention window, once batch `n` is planned.
+    pub fn purge(&self, n: BatchId) {
+        if n <= MIN_BATCHES_TO_RETAIN {
+            return;
+        }
+        let keep_from = n - MIN_BATCHES_TO_RETAIN;
+        for dir in [self.offsets_dir(), self.commits_dir()] {
+            if let Ok(ids) = list_ids(&dir) {
+                for id in ids.into_iter().filter(|&id| id < keep_from) {
+                    let _ = std::fs::remove_file(dir.join(id.to_string()));
+                }
+            }
+        }
+    }
+}
+
+/// The log of files a file source has taken: entry `k` lists the files of log offset `k`.
+#[derive(Debug, Clone)]
+pub struct FileSourceLog {
+    dir: PathBuf,
+}
+
+impl FileSourceLog {
+    /// The newest entry id, if any.
+    pub fn latest(&self) -> Result<Option<u64>> {
+        latest_id(&self.dir)
+    }
+
+    /// The files of entry `k`.
+    pub fn entry(&self, k: u64) -> Result<Vec<SourceFileEntry>> {
+        let file = self.dir.join(k.to_string());
+        let text = read_optional(&file)?.ok_or_else(|| {
+            Error::Internal(format!(
+                "file source log entry {} is missing",
+                file.display()
+            ))
+        })?;
+        let mut lines = text.lines();
+        if lines.next() != Some("v1") {
+            return Err(Error::Internal(format!(
+                "corrupt file source log {}",
+                file.display()
+            )));
+        }
+        lines
+            .filter(|l| !l.is_empty())
+            .map(|l| {
+                serde_json::from_str(l).map_err(|e| {
+                    Error::Internal(format!("corrupt file source log {}: {e}", file.display()))
+                })
+            })
+            .collect()
+    }
+
+    /// Writes entry `k` durably.
+    pub fn write(&self, k: u64, files: &[ListedFile]) -> Result<()> {
+        let mut text = String::from("v1");
+        for f in files {
+            text.push('\n');
+            text.push_str(&to_json(&SourceFileEntry {
+                path: f.path.clone(),
+                timestamp: f.timestamp,
+                batch_id: k,
+            })?);
+        }
+        if !write_new(&self.dir.join(k.to_string()), text.as_bytes())? {
+            return Err(Error::Internal(format!(
+                "file source log entry {k} already exists"
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn to_json<T: Serialize>(v: &T) -> Result<String> {
+    serde_json::to_string(v).map_err(|e| Error::Internal(format!("encoding JSON: {e}")))
+}
+
+fn read_optional(file: &Path) -> Result<Option<String>> {
+    match std::fs::read_to_string(file) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(format!("reading {}", file.display()), e)),
+    }
+}
+
+/// The numeric file names in a log directory (temp files and others are ignored).
+fn list_ids(dir: &Path) -> Result<Vec<u64>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+        Err(e) => return Err(Error::io(format!("listing {}", dir.display()), e)),
+    };
+    let mut ids = Vec::new();
+    for e in entries.flatten() {
+        if let Some(id) = e.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) {
+            ids.push(id);
+        }
+    }
+    Ok(ids)
+}
+
+fn latest_id(dir: &Path) -> Result<Option<u64>> {
+    Ok(list_ids(dir)?.into_iter().max())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_round_trip_in_spark_format() {
+        let dir = tempfile::tempdir().unwrap();
+        let ck = Checkpoint::open(dir.path()).unwrap();
+        let seq = OffsetSeq {
+            metadata: OffsetMetadata {
+                batch_watermark_ms: 0,
+                batch_timestamp_ms: 1781085600000,
+                conf: BTreeMap::new(),
+            },
+            offsets: vec![Some(serde_json::json!({"logOffset": 0}))],
+        };
+        ck.write_offsets(0, &seq).unwrap();
+        let text = std::fs::read_to_string(dir.path().join("offsets/0")).unwrap();
+        assert_eq!(
+            text,
+            "v1\n{\"batchWatermarkMs\":0,\"batchTimestampMs\":1781085600000,\"conf\":{}}\n{\"logOffset\":0}"
+        );
+        assert_eq!(ck.latest_offsets().unwrap(), Some((0, seq.clone())));
+        assert!(ck.write_offsets(0, &seq).is_err(), "the log is append-only");
+        assert_eq!(ck.latest_commit().unwrap(), None);
+        ck.write_commit(
+            0,
+            &CommitEntry {
+                next_batch_watermark_ms: 5,
+            },
+        )
+        .unwrap();
+        assert_eq!(ck.latest_commit().unwrap().unwrap().0, 0);
+        // The id survives reopening.
+        assert_eq!(Checkpoint::open(dir.path()).unwrap().id, ck.id);
+    }
+}

@@ -1,0 +1,885 @@
+//! The engine: owns the catalog, the shared DataFusion session, and the streaming queries.
+//!
+//! It executes Tidemark's statements (the wire server and `tidemark run` both call
+//! [`Engine::execute`]) and starts, stops and watches one tokio task per running sink.
+
+pub mod progress;
+pub mod query;
+pub mod tables;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::catalog::MemorySchemaProvider;
+use datafusion::common::TableReference;
+use datafusion::prelude::SessionContext;
+use tokio::sync::{Notify, watch};
+
+use crate::catalog::{Catalog, SinkDef, SinkState, StreamDef};
+use crate::error::{Error, Result};
+use crate::sink::delta::{DeltaReadTable, ensure_table};
+use crate::sql::options::{Trigger, format_duration};
+use crate::sql::parser::{CreateSink, CreateStream, TidemarkStatement, parse_watermark_option};
+use crate::sql::types::arrow_to_sql;
+use progress::{QueryStatus, Registry, Status};
+use query::{Outcome, QueryTask, StopReason};
+use tables::{StreamReadTable, SystemTable, queries_batch, queries_schema};
+
+/// What a statement returns.
+#[derive(Debug)]
+pub enum Output {
+    /// Rows, with their schema.
+    Rows(SchemaRef, Vec<RecordBatch>),
+    /// A command tag such as `CREATE SINK`.
+    Command(String),
+}
+
+/// A running query's controls.
+struct RunningQuery {
+    stop: watch::Sender<Option<StopReason>>,
+    wake: Arc<Notify>,
+    done: tokio::task::JoinHandle<()>,
+}
+
+/// The engine of one data directory.
+pub struct Engine {
+    data_dir: PathBuf,
+    /// The session every client query runs in: streams, sinks and system tables.
+    ctx: SessionContext,
+    /// The durable catalog. Held for the whole of a DDL statement, so DDL is serial.
+    catalog: tokio::sync::Mutex<Catalog>,
+    registry: Arc<Registry>,
+    running: Mutex<HashMap<String, RunningQuery>>,
+    /// Set when the server shuts down: no query starts after it.
+    shutting_down: std::sync::atomic::AtomicBool,
+    me: Weak<Engine>,
+}
+
+impl Engine {
+    /// Opens the data directory (creating it), loads the catalog and registers its objects.
+    /// No query starts until [`Engine::start_sinks`].
+    pub async fn open(data_dir: &Path) -> Result<Arc<Engine>> {
+        crate::fsutil::create_dir_all(data_dir)?;
+        let data_dir = std::fs::canonicalize(data_dir)
+            .map_err(|e| Error::io(format!("resolving {}", data_dir.display()), e))?;
+        let catalog = Catalog::load(&data_dir)?;
+        let ctx = SessionContext::new_with_config(
+            datafusion::prelude::SessionConfig::new()
+                .with_information_schema(true)
+                .with_target_partitions(query::parallelism())
+                // TIMESTAMPTZ values and now() are in UTC, as Spark's are.
+                .set_str("datafusion.execution.time_zone", "UTC"),
+        );
+        let registry = Registry::new();
+        let engine = Arc::new_cyclic(|me| Engine {
+            data_dir,
+            ctx,
+            catalog: tokio::sync::Mutex::new(Catalog::default()),
+            registry: registry.clone(),
+            running: Mutex::new(HashMap::new()),
+            shutting_down: Default::default(),
+            me: me.clone(),
+        });
+        let tidemark_schema = Arc::new(MemorySchemaProvider::new());
+        engine
+            .ctx
+            .catalog("datafusion")
+            .ok_or_else(|| Error::Internal("no default catalog".into()))?
+            .register_schema("tidemark", tidemark_schema)?;
+        engine.ctx.register_table(
+            TableReference::partial("tidemark", "queries"),
+            Arc::new(SystemTable::queries(registry.clone())),
+        )?;
+        engine.ctx.register_table(
+            TableReference::partial("tidemark", "progress"),
+            Arc::new(SystemTable::progress(registry.clone())),
+        )?;
+        for s in &catalog.streams {
+            engine.register_stream(s)?;
+        }
+        for s in &catalog.sinks {
+            if let Err(e) = engine.register_sink(s).await {
+                tracing::warn!(sink = %s.name, error = %e, "sink table is not readable");
+            }
+            let status = match s.state {
+                SinkState::Running | SinkState::Stopped => Status::Stopped,
+                SinkState::Finished => Status::Finished,
+                SinkState::Failed => Status::Failed,
+            };
+            let mut qs = QueryStatus::new(&s.name, status);
+            qs.error = s.error.clone();
+            if let Ok(ck) = crate::checkpoint::Checkpoint::open(&s.checkpoint) {
+                qs.id = Some(ck.id);
+                qs.last_batch_id = ck.latest_commit().ok().flatten().map(|(n, _)| n);
+            }
+            registry.set(qs);
+        }
+        *engine.catalog.lock().await = catalog;
+        Ok(engine)
+    }
+
+    /// The session client queries run in.
+    pub fn context(&self) -> &SessionContext {
+        &self.ctx
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// Starts every sink whose last requested state is `running` (server start).
+    pub async fn start_sinks(&self) {
+        let cat = self.catalog.lock().await;
+        for s in cat.sinks.iter().filter(|s| s.state == SinkState::Running) {
+            if let Err(e) = self.spawn(&cat, s) {
+                tracing::error!(sink = %s.name, error = %e, "could not resume sink");
+            }
+        }
+    }
+
+    fn register_stream(&self, s: &StreamDef) -> Result<()> {
+        self.ctx.register_table(
+            TableReference::bare(s.name.clone()),
+            Arc::new(StreamReadTable::new(s.source())),
+        )?;
+        Ok(())
+    }
+
+    async fn register_sink(&self, s: &SinkDef) -> Result<()> {
+        let table = DeltaReadTable::try_new(&s.path).await?;
+        let name = TableReference::bare(s.name.clone());
+        self.ctx.deregister_table(name.clone())?;
+        self.ctx.register_table(name, Arc::new(table))?;
+        Ok(())
+    }
+
+    /// Executes one of Tidemark's statements.
+    pub async fn execute(&self, stmt: TidemarkStatement) -> Result<Output> {
+        match stmt {
+            TidemarkStatement::CreateStream(cs) => self.create_stream(cs).await,
+            TidemarkStatement::CreateSink(cs) => self.create_sink(cs).await,
+            TidemarkStatement::ExplainCreateSink(cs) => self.explain_sink(cs).await,
+            TidemarkStatement::DropStream { name, if_exists } => {
+                self.drop_stream(&name, if_exists).await
+            }
+            TidemarkStatement::DropSink { name, if_exists } => {
+                self.drop_sink(&name, if_exists).await
+            }
+            TidemarkStatement::ShowStreams => self.show_streams().await,
+            TidemarkStatement::ShowSinks => self.show_sinks().await,
+            TidemarkStatement::ShowQueries => {
+                let schema = queries_schema();
+                let batch = queries_batch(&self.registry.all(), &schema)?;
+                Ok(Output::Rows(schema, vec![batch]))
+            }
+            TidemarkStatement::StopSink { name } => self.stop_sink(&name).await,
+            TidemarkStatement::StartSink { name } => self.start_sink(&name).await,
+            TidemarkStatement::Flush { sink } => self.flush(sink.as_deref()).await,
+        }
+    }
+
+    /// Whether a name is taken by a stream, a sink or any other table.
+    fn name_taken(&self, cat: &Catalog, name: &str) -> Option<&'static str> {
+        if cat.stream(name).is_some() {
+            Some("stream")
+        } else if cat.sink(name).is_some() {
+            Some("sink")
+        } else if self
+            .ctx
+            .table_exist(TableReference::bare(name.to_string()))
+            .unwrap_or(false)
+        {
+            Some("relation")
+        } else {
+            None
+        }
+    }
+
+    async fn create_stream(&self, cs: CreateStream) -> Result<Output> {
+        let mut cat = self.catalog.lock().await;
+        if let Some(kind) = self.name_taken(&cat, &cs.name) {
+            if cs.if_not_exists {
+                return Ok(Output::Command("CREATE STREAM".into()));
+            }
+            return Err(Error::DuplicateObject {
+                kind,
+                name: cs.name,
+            });
+        }
+        let def = StreamDef::try_new(cs.name, cs.columns, cs.watermark, cs.options, true)?;
+        self.register_stream(&def)?;
+        cat.streams.push(def);
+        if let Err(e) = cat.save(&self.data_dir) {
+            let def = cat.streams.pop().expect("just pushed");
+            let _ = self.ctx.deregister_table(TableReference::bare(def.name));
+            return Err(e);
+        }
+        Ok(Output::Command("CREATE STREAM".into()))
+    }
+
+    /// Validates a sink declaration into its definition (without side effects).
+    async fn sink_def(&self, cat: &Catalog, cs: &CreateSink) -> Result<(SinkDef, SchemaRef)> {
+        cs.options.check_known(
+            "a sink",
+            &[
+                "connector",
+                "path",
+                "trigger",
+                "output_mode",
+                "checkpoint_location",
+                "watermark",
+            ],
+        )?;
+        match cs.options.get("connector").unwrap_or("delta") {
+            "delta" => {}
+            other => {
+                return Err(Error::Unsupported {
+                    message: format!("sink connector \"{other}\" is not supported yet"),
+                    hint: Some("Use connector = 'delta'.".into()),
+                });
+            }
+        }
+        let trigger = Trigger::parse(cs.options.get("trigger").unwrap_or("default"))?;
+        let output_mode = cs
+            .options
+            .get("output_mode")
+            .unwrap_or("append")
+            .to_ascii_lowercase();
+        match output_mode.as_str() {
+            // For a query without aggregation, update behaves like append (spec §5.1).
+            "append" | "update" => {}
+            "complete" => {
+                return Err(Error::Unsupported {
+                    message: "output mode \"complete\" is not supported when there are no \
+                              streaming aggregations"
+                        .into(),
+                    hint: Some("Use output_mode = 'append' for a query without GROUP BY.".into()),
+                });
+            }
+            other => {
+                return Err(Error::InvalidOption {
+                    message: format!("invalid output_mode \"{other}\""),
+                    hint: Some("Use 'append', 'update' or 'complete'.".into()),
+                });
+            }
+        }
+        let stream_name = single_stream(&cs.query, cat)?;
+        let stream = cat
+            .stream(&stream_name)
+            .ok_or_else(|| Error::UndefinedObject {
+                kind: "stream",
+                name: stream_name.clone(),
+            })?;
+        if let Some(wm) = cs.options.get("watermark") {
+            let spec = parse_watermark_option(wm)?;
+            let col = stream
+                .columns
+                .iter()
+                .find(|c| c.name == spec.column)
+                .ok_or_else(|| Error::UndefinedObject {
+                    kind: "column",
+                    name: spec.column.clone(),
+                })?;
+            if !matches!(col.data_type, DataType::Timestamp(..)) {
+                return Err(Error::invalid_option(format!(
+                    "watermark column \"{}\" must be a TIMESTAMP",
+                    spec.column
+                )));
+            }
+        }
+        let schema = query::output_schema(&cs.query, stream).await?;
+        let path = match cs.options.get("path") {
+            Some(p) => absolute(p)?,
+            None => self.data_dir.join("tables").join(&cs.name),
+        };
+        let (checkpoint, owns_checkpoint) = match cs.options.get("checkpoint_location") {
+            Some(p) => (absolute(p)?, false),
+            None => (self.data_dir.join("checkpoints").join(&cs.name), true),
+        };
+        Ok((
+            SinkDef {
+                name: cs.name.clone(),
+                query: cs.query.clone(),
+                options: cs.options.clone(),
+                stream: stream_name,
+                path,
+                checkpoint,
+                trigger,
+                output_mode,
+                state: SinkState::Running,
+                error: None,
+                owns_checkpoint,
+            },
+            schema,
+        ))
+    }
+
+    async fn create_sink(&self, cs: CreateSink) -> Result<Output> {
+        let mut cat = self.catalog.lock().await;
+        if let Some(kind) = self.name_taken(&cat, &cs.name) {
+            if cs.if_not_exists {
+                return Ok(Output::Command("CREATE SINK".into()));
+            }
+            return Err(Error::DuplicateObject {
+                kind,
+                name: cs.name,
+            });
+        }
+        let (def, schema) = self.sink_def(&cat, &cs).await?;
+        if cat.sinks.iter().any(|s| s.checkpoint == def.checkpoint) {
+            return Err(Error::invalid_option(format!(
+                "checkpoint location \"{}\" is used by another sink",
+                def.checkpoint.display()
+            )));
+        }
+        ensure_table(&def.path, &def.name, &schema).await?;
+        self.register_sink(&def).await?;
+        cat.sinks.push(def.clone());
+        if let Err(e) = cat.save(&self.data_dir) {
+            cat.sinks.pop();
+            let _ = self.ctx.deregister_table(TableReference::bare(def.name));
+            return Err(e);
+        }
+        self.registry
+            .set(QueryStatus::new(&def.name, Status::Stopped));
+        self.spawn(&cat, &def)?;
+        Ok(Output::Command("CREATE SINK".into()))
+    }
+
+    async fn explain_sink(&self, cs: CreateSink) -> Result<Output> {
+        let cat = self.catalog.lock().await;
+        let (def, _) = self.sink_def(&cat, &cs).await?;
+        let stream = cat.stream(&def.stream).expect("checked by sink_def");
+        let ctx = SessionContext::new();
+        ctx.register_table(
+            TableReference::bare(stream.name.clone()),
+            Arc::new(datafusion::datasource::MemTable::try_new(
+                stream.schema(),
+                vec![vec![]],
+            )?),
+        )?;
+        let plan = ctx.sql(&def.query).await?.into_optimized_plan()?;
+        let mut lines = vec![
+            format!(
+                "DeltaSink: path={} output_mode={} trigger={}",
+                def.path.display(),
+                def.output_mode,
+                def.trigger
+            ),
+            "  Emit: every row of every micro-batch (stateless, no state store)".to_string(),
+        ];
+        for l in plan.display_indent().to_string().lines() {
+            lines.push(format!("  {l}"));
+        }
+        lines.push(format!(
+            "  Source: FileStreamSource[{}] format={}{}",
+            stream.source().path.display(),
+            stream.source().format.name(),
+            stream
+                .source()
+                .max_files_per_trigger
+                .map(|n| format!(" max_files_per_trigger={n}"))
+                .unwrap_or_default()
+        ));
+        let schema = explain_schema();
+        let col: ArrayRef = Arc::new(StringArray::from(lines));
+        Ok(Output::Rows(
+            schema.clone(),
+            vec![RecordBatch::try_new(schema, vec![col])?],
+        ))
+    }
+
+    async fn drop_stream(&self, name: &str, if_exists: bool) -> Result<Output> {
+        let mut cat = self.catalog.lock().await;
+        if cat.stream(name).is_none() {
+            if if_exists {
+                return Ok(Output::Command("DROP STREAM".into()));
+            }
+            return Err(Error::UndefinedObject {
+                kind: "stream",
+                name: name.to_string(),
+            });
+        }
+        let dependents: Vec<String> = cat
+            .sinks
+            .iter()
+            .filter(|s| s.stream == name)
+            .map(|s| format!("sink \"{}\"", s.name))
+            .collect();
+        if !dependents.is_empty() {
+            return Err(Error::DependentObjects {
+                kind: "stream",
+                name: name.to_string(),
+                dependents: dependents.join(", "),
+            });
+        }
+        cat.streams.retain(|s| s.name != name);
+        cat.save(&self.data_dir)?;
+        self.ctx
+            .deregister_table(TableReference::bare(name.to_string()))?;
+        Ok(Output::Command("DROP STREAM".into()))
+    }
+
+    async fn drop_sink(&self, name: &str, if_exists: bool) -> Result<Output> {
+        {
+            let cat = self.catalog.lock().await;
+            if cat.sink(name).is_none() {
+                if if_exists {
+                    return Ok(Output::Command("DROP SINK".into()));
+                }
+                return Err(Error::UndefinedObject {
+                    kind: "sink",
+                    name: name.to_string(),
+                });
+            }
+        }
+        self.stop_query(name, StopReason::User).await;
+        let mut cat = self.catalog.lock().await;
+        let Some(def) = cat.sink(name).cloned() else {
+            return Ok(Output::Command("DROP SINK".into()));
+        };
+        cat.sinks.retain(|s| s.name != name);
+        cat.save(&self.data_dir)?;
+        self.ctx
+            .deregister_table(TableReference::bare(name.to_string()))?;
+        self.registry.remove(name);
+        if def.owns_checkpoint {
+            let _ = std::fs::remove_dir_all(&def.checkpoint);
+        }
+        Ok(Output::Command("DROP SINK".into()))
+    }
+
+    async fn stop_sink(&self, name: &str) -> Result<Output> {
+        self.set_sink_state(name, SinkState::Stopped, None).await?;
+        self.stop_query(name, StopReason::User).await;
+        self.registry.update(name, |s| s.status = Status::Stopped);
+        Ok(Output::Command("STOP SINK".into()))
+    }
+
+    async fn start_sink(&self, name: &str) -> Result<Output> {
+        let mut cat = self.catalog.lock().await;
+        let def = cat.sink_mut(name).ok_or_else(|| Error::UndefinedObject {
+            kind: "sink",
+            name: name.to_string(),
+        })?;
+        if self.is_running(name) {
+            return Ok(Output::Command("START SINK".into()));
+        }
+        def.state = SinkState::Running;
+        def.error = None;
+        let def = def.clone();
+        cat.save(&self.data_dir)?;
+        self.spawn(&cat, &def)?;
+        Ok(Output::Command("START SINK".into()))
+    }
+
+    fn is_running(&self, name: &str) -> bool {
+        self.running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .is_some_and(|r| !r.done.is_finished())
+    }
+
+    /// Starts a sink's query task.
+    fn spawn(&self, cat: &Catalog, def: &SinkDef) -> Result<()> {
+        if self.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::WrongState("the server is shutting down".into()));
+        }
+        let stream = cat
+            .stream(&def.stream)
+            .ok_or_else(|| Error::UndefinedObject {
+                kind: "stream",
+                name: def.stream.clone(),
+            })?
+            .clone();
+        let (stop_tx, stop_rx) = watch::channel(None);
+        let wake = Arc::new(Notify::new());
+        let mut status = self
+            .registry
+            .get(&def.name)
+            .unwrap_or_else(|| QueryStatus::new(&def.name, Status::Running));
+        status.status = Status::Running;
+        status.error = None;
+        // Reset before the task runs, so a FLUSH right after START sees this run's counts.
+        status.triggers = 0;
+        status.last_idle_trigger = 0;
+        self.registry.set(status);
+        let task = QueryTask {
+            def: def.clone(),
+            stream,
+            registry: self.registry.clone(),
+            stop: stop_rx,
+            wake: wake.clone(),
+        };
+        let engine = self.me.clone();
+        let name = def.name.clone();
+        let done = tokio::spawn(async move {
+            let outcome = query::run(task).await;
+            if let Some(engine) = engine.upgrade() {
+                engine.on_query_end(&name, outcome).await;
+            }
+        });
+        self.running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                def.name.clone(),
+                RunningQuery {
+                    stop: stop_tx,
+                    wake,
+                    done,
+                },
+            );
+        Ok(())
+    }
+
+    async fn on_query_end(&self, name: &str, outcome: Outcome) {
+        let (status, state, error) = match outcome {
+            Outcome::Finished => (Status::Finished, Some(SinkState::Finished), None),
+            Outcome::Stopped(_) => (Status::Stopped, None, None),
+            Outcome::Failed(e) => (Status::Failed, Some(SinkState::Failed), Some(e.to_string())),
+        };
+        self.registry.update(name, |s| {
+            s.status = status;
+            s.error = error.clone();
+        });
+        if let Some(state) = state
+            && let Err(e) = self.set_sink_state(name, state, error).await
+        {
+            tracing::error!(sink = %name, error = %e, "could not record the sink's state");
+        }
+    }
+
+    async fn set_sink_state(
+        &self,
+        name: &str,
+        state: SinkState,
+        error: Option<String>,
+    ) -> Result<()> {
+        let mut cat = self.catalog.lock().await;
+        let def = cat.sink_mut(name).ok_or_else(|| Error::UndefinedObject {
+            kind: "sink",
+            name: name.to_string(),
+        })?;
+        def.state = state;
+        def.error = error;
+        cat.save(&self.data_dir)
+    }
+
+    /// Asks a query to stop after its current batch and waits for it.
+    async fn stop_query(&self, name: &str, reason: StopReason) {
+        let running = self
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+        if let Some(r) = running {
+            let _ = r.stop.send(Some(reason));
+            let _ = r.done.await;
+        }
+    }
+
+    /// Stops every query gracefully; they resume on the next start.
+    pub async fn shutdown(&self) {
+        self.shutting_down
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let names: Vec<String> = self
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        for n in names {
+            self.stop_query(&n, StopReason::Shutdown).await;
+        }
+    }
+
+    /// `FLUSH [SINK name]`: waits until the sink has run a trigger that found no new data
+    /// after this call (what Spark's `processAllAvailable` does), or has finished.
+    async fn flush(&self, sink: Option<&str>) -> Result<Output> {
+        let names: Vec<String> = match sink {
+            Some(n) => {
+                let cat = self.catalog.lock().await;
+                if cat.sink(n).is_none() {
+                    return Err(Error::UndefinedObject {
+                        kind: "sink",
+                        name: n.to_string(),
+                    });
+                }
+                vec![n.to_string()]
+            }
+            None => self
+                .running
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .keys()
+                .cloned()
+                .collect(),
+        };
+        for n in names {
+            self.wait_caught_up(&n, sink.is_some()).await?;
+        }
+        Ok(Output::Command("FLUSH".into()))
+    }
+
+    async fn wait_caught_up(&self, name: &str, explicit: bool) -> Result<()> {
+        let mut changes = self.registry.subscribe();
+        let Some(start) = self.registry.get(name) else {
+            return Ok(());
+        };
+        let wake = self
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .map(|r| r.wake.clone());
+        if start.status != Status::Running || wake.is_none() {
+            return match start.status {
+                Status::Failed => Err(Error::WrongState(format!(
+                    "sink \"{name}\" failed: {}",
+                    start.error.unwrap_or_default()
+                ))),
+                Status::Stopped if explicit => {
+                    Err(Error::WrongState(format!("sink \"{name}\" is not running")))
+                }
+                _ => Ok(()),
+            };
+        }
+        let wake = wake.expect("checked above");
+        let asked_at = start.triggers;
+        wake.notify_one();
+        loop {
+            let Some(s) = self.registry.get(name) else {
+                return Ok(());
+            };
+            match s.status {
+                Status::Failed => {
+                    return Err(Error::WrongState(format!(
+                        "sink \"{name}\" failed: {}",
+                        s.error.unwrap_or_default()
+                    )));
+                }
+                Status::Running if s.last_idle_trigger <= asked_at => {}
+                _ => return Ok(()),
+            }
+            // A trigger may be sleeping; keep nudging it.
+            if tokio::time::timeout(Duration::from_millis(200), changes.changed())
+                .await
+                .is_err()
+            {
+                wake.notify_one();
+            }
+        }
+    }
+
+    /// Waits until the named sinks are no longer running; errors if one failed.
+    pub async fn wait_finished(&self, names: &[String]) -> Result<()> {
+        let mut changes = self.registry.subscribe();
+        loop {
+            let mut all_done = true;
+            for n in names {
+                match self.registry.get(n).map(|s| (s.status, s.error)) {
+                    Some((Status::Failed, e)) => {
+                        return Err(Error::WrongState(format!(
+                            "sink \"{n}\" failed: {}",
+                            e.unwrap_or_default()
+                        )));
+                    }
+                    Some((Status::Running, _)) => all_done = false,
+                    _ => {}
+                }
+            }
+            if all_done {
+                return Ok(());
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(500), changes.changed()).await;
+        }
+    }
+
+    /// The trigger of a sink, if it exists.
+    pub async fn sink_trigger(&self, name: &str) -> Option<Trigger> {
+        self.catalog.lock().await.sink(name).map(|s| s.trigger)
+    }
+
+    async fn show_streams(&self) -> Result<Output> {
+        let cat = self.catalog.lock().await;
+        let schema = streams_schema();
+        let mut rows: Vec<[Option<String>; 6]> = Vec::new();
+        let mut mfpt = Vec::new();
+        for s in &cat.streams {
+            let src = s.source();
+            rows.push([
+                Some(s.name.clone()),
+                Some("file".into()),
+                Some(src.format.name().into()),
+                Some(src.path.display().to_string()),
+                Some(
+                    s.columns
+                        .iter()
+                        .map(|c| format!("{} {}", c.name, arrow_to_sql(&c.data_type)))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                ),
+                s.watermark
+                    .as_ref()
+                    .map(|w| format!("{} - {}", w.column, format_duration(w.delay()))),
+            ]);
+            mfpt.push(src.max_files_per_trigger.map(|n| n as i64));
+        }
+        let mut cols = string_columns(&rows);
+        cols.push(Arc::new(Int64Array::from(mfpt)));
+        Ok(Output::Rows(
+            schema.clone(),
+            vec![RecordBatch::try_new(schema, cols)?],
+        ))
+    }
+
+    async fn show_sinks(&self) -> Result<Output> {
+        let cat = self.catalog.lock().await;
+        let schema = sinks_schema();
+        let rows: Vec<[Option<String>; 8]> = cat
+            .sinks
+            .iter()
+            .map(|s| {
+                let status = self
+                    .registry
+                    .get(&s.name)
+                    .map(|q| q.status.as_str().to_string())
+                    .unwrap_or_else(|| s.state.as_str().to_string());
+                [
+                    Some(s.name.clone()),
+                    Some(s.stream.clone()),
+                    Some("delta".into()),
+                    Some(s.path.display().to_string()),
+                    Some(s.trigger.to_string()),
+                    Some(s.output_mode.clone()),
+                    Some(s.checkpoint.display().to_string()),
+                    Some(status),
+                ]
+            })
+            .collect();
+        let cols = string_columns(&rows);
+        Ok(Output::Rows(
+            schema.clone(),
+            vec![RecordBatch::try_new(schema, cols)?],
+        ))
+    }
+}
+
+/// The columns a statement returns, for the extended protocol's Describe; `None` for
+/// statements that return a command tag.
+pub fn result_schema(stmt: &TidemarkStatement) -> Option<SchemaRef> {
+    match stmt {
+        TidemarkStatement::ShowStreams => Some(streams_schema()),
+        TidemarkStatement::ShowSinks => Some(sinks_schema()),
+        TidemarkStatement::ShowQueries => Some(queries_schema()),
+        TidemarkStatement::ExplainCreateSink(_) => Some(explain_schema()),
+        _ => None,
+    }
+}
+
+fn streams_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("name", DataType::Utf8, false),
+        Field::new("connector", DataType::Utf8, false),
+        Field::new("format", DataType::Utf8, false),
+        Field::new("path", DataType::Utf8, false),
+        Field::new("columns", DataType::Utf8, false),
+        Field::new("watermark", DataType::Utf8, true),
+        Field::new("max_files_per_trigger", DataType::Int64, true),
+    ]))
+}
+
+fn sinks_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("name", DataType::Utf8, false),
+        Field::new("stream", DataType::Utf8, false),
+        Field::new("connector", DataType::Utf8, false),
+        Field::new("path", DataType::Utf8, false),
+        Field::new("trigger", DataType::Utf8, false),
+        Field::new("output_mode", DataType::Utf8, false),
+        Field::new("checkpoint_location", DataType::Utf8, false),
+        Field::new("status", DataType::Utf8, false),
+    ]))
+}
+
+fn explain_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new("plan", DataType::Utf8, false)]))
+}
+
+fn string_columns<const N: usize>(rows: &[[Option<String>; N]]) -> Vec<ArrayRef> {
+    (0..N)
+        .map(|i| {
+            Arc::new(StringArray::from(
+                rows.iter().map(|r| r[i].clone()).collect::<Vec<_>>(),
+            )) as ArrayRef
+        })
+        .collect()
+}
+
+fn absolute(p: &str) -> Result<PathBuf> {
+    let path = PathBuf::from(p);
+    if !path.is_absolute() {
+        return Err(Error::invalid_option(format!(
+            "path \"{p}\" must be absolute"
+        )));
+    }
+    Ok(path)
+}
+
+/// The one stream a sink's query reads. Tables that are not streams are refused.
+fn single_stream(query: &str, cat: &Catalog) -> Result<String> {
+    use datafusion::sql::sqlparser::ast::{Statement, visit_relations};
+    use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+    use datafusion::sql::sqlparser::parser::Parser;
+    let stmts = Parser::parse_sql(&PostgreSqlDialect {}, query)?;
+    let mut names = Vec::new();
+    for s in &stmts {
+        let _ = visit_relations(s, |rel| {
+            if let Some(ident) = rel.0.last().and_then(|p| p.as_ident()) {
+                names.push((rel.0.len(), crate::sql::parser::normalize_ident(ident)));
+            }
+            std::ops::ControlFlow::<()>::Continue(())
+        });
+        if !matches!(s, Statement::Query(_)) {
+            return Err(Error::Syntax("a sink's body must be a query".into()));
+        }
+    }
+    let mut streams: Vec<String> = Vec::new();
+    for (parts, n) in names {
+        if parts == 1 && cat.stream(&n).is_some() {
+            if !streams.contains(&n) {
+                streams.push(n);
+            }
+        } else if cat.sink(&n).is_some() || parts > 1 {
+            return Err(Error::unsupported(format!(
+                "a sink reads one stream; \"{n}\" is not a stream (stream-table joins are not supported yet)"
+            )));
+        } else {
+            return Err(Error::UndefinedObject {
+                kind: "stream",
+                name: n,
+            });
+        }
+    }
+    match streams.len() {
+        0 => Err(Error::InvalidOption {
+            message: "a sink's query must read a stream".into(),
+            hint: Some("Add FROM <stream>.".into()),
+        }),
+        1 => Ok(streams.remove(0)),
+        _ => Err(Error::unsupported(
+            "a sink reads one stream; joins and unions of streams are not supported yet",
+        )),
+    }
+}

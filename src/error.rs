@@ -1,0 +1,285 @@
+//! The one error type of Tidemark, with the SQLSTATE each variant carries to the wire.
+//!
+//! Messages follow the Postgres style guide: lowercase, no final period, identifiers in
+//! double quotes. Details and hints are full sentences.
+
+use datafusion::error::DataFusionError;
+
+/// The SQLSTATE codes Tidemark sends. A small subset of Postgres' appendix A.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SqlState {
+    SyntaxError,
+    UndefinedTable,
+    UndefinedColumn,
+    UndefinedObject,
+    UndefinedFunction,
+    DatatypeMismatch,
+    DuplicateObject,
+    DependentObjectsStillExist,
+    FeatureNotSupported,
+    InvalidParameterValue,
+    ObjectNotInPrerequisiteState,
+    DivisionByZero,
+    NumericValueOutOfRange,
+    InvalidTextRepresentation,
+    InsufficientResources,
+    IoError,
+    InternalError,
+}
+
+impl SqlState {
+    /// The five-character code.
+    pub fn code(self) -> &'static str {
+        match self {
+            SqlState::SyntaxError => "42601",
+            SqlState::UndefinedTable => "42P01",
+            SqlState::UndefinedColumn => "42703",
+            SqlState::UndefinedObject => "42704",
+            SqlState::UndefinedFunction => "42883",
+            SqlState::DatatypeMismatch => "42804",
+            SqlState::DuplicateObject => "42710",
+            SqlState::DependentObjectsStillExist => "2BP01",
+            SqlState::FeatureNotSupported => "0A000",
+            SqlState::InvalidParameterValue => "22023",
+            SqlState::ObjectNotInPrerequisiteState => "55000",
+            SqlState::DivisionByZero => "22012",
+            SqlState::NumericValueOutOfRange => "22003",
+            SqlState::InvalidTextRepresentation => "22P02",
+            SqlState::InsufficientResources => "53000",
+            SqlState::IoError => "58030",
+            SqlState::InternalError => "XX000",
+        }
+    }
+}
+
+/// Everything that can go wrong in Tidemark.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The statement text does not parse.
+    #[error("{0}")]
+    Syntax(String),
+    /// A stream, sink or table that does not exist.
+    #[error("{kind} \"{name}\" does not exist")]
+    UndefinedObject { kind: &'static str, name: String },
+    /// A name that is already taken.
+    #[error("{kind} \"{name}\" already exists")]
+    DuplicateObject { kind: &'static str, name: String },
+    /// An object that others still depend on.
+    #[error("cannot drop {kind} \"{name}\" because {dependents} depend on it")]
+    DependentObjects {
+        kind: &'static str,
+        name: String,
+        dependents: String,
+    },
+    /// A valid statement that Tidemark does not support (yet).
+    #[error("{message}")]
+    Unsupported {
+        message: String,
+        hint: Option<String>,
+    },
+    /// A `WITH (...)` option that is unknown, missing or has a bad value.
+    #[error("{message}")]
+    InvalidOption {
+        message: String,
+        hint: Option<String>,
+    },
+    /// An object that is not in the state the statement needs (a stopped sink, say).
+    #[error("{0}")]
+    WrongState(String),
+    /// A file or directory could not be read or written.
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The Delta Lake library failed.
+    #[error("delta table {path}: {message}")]
+    Delta { path: String, message: String },
+    /// DataFusion failed while planning or executing.
+    #[error("{}", strip_datafusion_prefix(.0))]
+    DataFusion(#[from] DataFusionError),
+    /// A bug: an invariant did not hold.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// The result type of Tidemark's own code.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The SQLSTATE this error is sent with. Exhaustive on purpose: a new variant needs a code.
+    pub fn sqlstate(&self) -> SqlState {
+        match self {
+            Error::Syntax(_) => SqlState::SyntaxError,
+            Error::UndefinedObject { kind, .. } => match *kind {
+                "stream" | "sink" | "relation" | "table" => SqlState::UndefinedTable,
+                _ => SqlState::UndefinedObject,
+            },
+            Error::DuplicateObject { .. } => SqlState::DuplicateObject,
+            Error::DependentObjects { .. } => SqlState::DependentObjectsStillExist,
+            Error::Unsupported { .. } => SqlState::FeatureNotSupported,
+            Error::InvalidOption { .. } => SqlState::InvalidParameterValue,
+            Error::WrongState(_) => SqlState::ObjectNotInPrerequisiteState,
+            Error::Io { .. } => SqlState::IoError,
+            Error::Delta { .. } => SqlState::IoError,
+            Error::DataFusion(e) => classify_datafusion(e),
+            Error::Internal(_) => SqlState::InternalError,
+        }
+    }
+
+    /// A hint for the user, when there is one.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            Error::Unsupported { hint, .. } | Error::InvalidOption { hint, .. } => hint.clone(),
+            _ => None,
+        }
+    }
+
+    /// Shorthand for an [`Error::Unsupported`] without a hint.
+    pub fn unsupported(message: impl Into<String>) -> Error {
+        Error::Unsupported {
+            message: message.into(),
+            hint: None,
+        }
+    }
+
+    /// Shorthand for an [`Error::InvalidOption`] without a hint.
+    pub fn invalid_option(message: impl Into<String>) -> Error {
+        Error::InvalidOption {
+            message: message.into(),
+            hint: None,
+        }
+    }
+
+    /// Wraps an I/O error with what was being done.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Error {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+impl From<datafusion::arrow::error::ArrowError> for Error {
+    fn from(e: datafusion::arrow::error::ArrowError) -> Self {
+        Error::DataFusion(DataFusionError::ArrowError(Box::new(e), None))
+    }
+}
+
+impl From<datafusion::sql::sqlparser::parser::ParserError> for Error {
+    fn from(e: datafusion::sql::sqlparser::parser::ParserError) -> Self {
+        Error::Syntax(parser_message(&e))
+    }
+}
+
+/// The message of a sqlparser error without its "sql parser error: " prefix.
+pub fn parser_message(e: &datafusion::sql::sqlparser::parser::ParserError) -> String {
+    let s = e.to_string();
+    s.strip_prefix("sql parser error: ")
+        .unwrap_or(&s)
+        .to_string()
+}
+
+/// Sorts a DataFusion error into a SQLSTATE, once, here.
+pub fn classify_datafusion(e: &DataFusionError) -> SqlState {
+    use datafusion::arrow::error::ArrowError;
+    match e.find_root() {
+        DataFusionError::SQL(..) => SqlState::SyntaxError,
+        DataFusionError::NotImplemented(_) => SqlState::FeatureNotSupported,
+        DataFusionError::ResourcesExhausted(_) => SqlState::InsufficientResources,
+        DataFusionError::IoError(_) | DataFusionError::ObjectStore(_) => SqlState::IoError,
+        DataFusionError::SchemaError(err, _) => {
+            let msg = err.to_string();
+            if msg.contains("No field named") || msg.contains("not found") {
+                SqlState::UndefinedColumn
+            } else {
+                SqlState::SyntaxError
+            }
+        }
+        DataFusionError::ArrowError(err, _) => match err.as_ref() {
+            ArrowError::DivideByZero => SqlState::DivisionByZero,
+            ArrowError::ArithmeticOverflow(_) => SqlState::NumericValueOutOfRange,
+            ArrowError::CastError(_) | ArrowError::ParseError(_) => {
+                SqlState::InvalidTextRepresentation
+            }
+            _ => SqlState::InternalError,
+        },
+        DataFusionError::Plan(msg) => classify_plan_message(msg),
+        DataFusionError::Execution(msg) => {
+            if msg.contains("Divide by zero") || msg.contains("division by zero") {
+                SqlState::DivisionByZero
+            } else if msg.contains("Cannot cast") || msg.contains("Cast error") {
+                SqlState::InvalidTextRepresentation
+            } else {
+                SqlState::InternalError
+            }
+        }
+        _ => SqlState::InternalError,
+    }
+}
+
+fn classify_plan_message(msg: &str) -> SqlState {
+    let lower = msg.to_ascii_lowercase();
+    if lower.contains("table") && lower.contains("not found") {
+        SqlState::UndefinedTable
+    } else if lower.contains("no field named") || lower.contains("column") {
+        SqlState::UndefinedColumn
+    } else if lower.contains("invalid function") || lower.contains("function") {
+        SqlState::UndefinedFunction
+    } else if lower.contains("already exists") {
+        SqlState::DuplicateObject
+    } else if lower.contains("cannot") && lower.contains("type") {
+        SqlState::DatatypeMismatch
+    } else {
+        SqlState::SyntaxError
+    }
+}
+
+/// DataFusion prefixes messages with "Error during planning: " and the like; users do not
+/// need them.
+pub fn strip_datafusion_prefix(e: &DataFusionError) -> String {
+    let root = e.find_root();
+    let text = root.to_string();
+    for prefix in [
+        "Error during planning: ",
+        "Execution error: ",
+        "This feature is not implemented: ",
+        "SQL error: ",
+        "Schema error: ",
+        "Arrow error: ",
+    ] {
+        if let Some(rest) = text.strip_prefix(prefix) {
+            return rest.to_string();
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlstate_codes_are_postgres_codes() {
+        assert_eq!(Error::Syntax("x".into()).sqlstate().code(), "42601");
+        let e = Error::UndefinedObject {
+            kind: "stream",
+            name: "s".into(),
+        };
+        assert_eq!(e.sqlstate().code(), "42P01");
+        assert_eq!(e.to_string(), "stream \"s\" does not exist");
+        assert_eq!(Error::unsupported("x").sqlstate().code(), "0A000");
+        assert_eq!(Error::invalid_option("x").sqlstate().code(), "22023");
+    }
+
+    #[test]
+    fn datafusion_table_not_found_is_undefined_table() {
+        let e = DataFusionError::Plan("table 'datafusion.public.nope' not found".into());
+        assert_eq!(classify_datafusion(&e), SqlState::UndefinedTable);
+        assert_eq!(
+            Error::from(e).to_string(),
+            "table 'datafusion.public.nope' not found"
+        );
+    }
+}

@@ -1,0 +1,55 @@
+//! Durable file writes: the only place that knows how to make a write survive a crash.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+/// Writes `bytes` to `path` atomically: a temp file in the same directory, fsync, rename,
+/// fsync of the directory. A reader sees the old content or the new, never a mix.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| Error::Internal(format!("{} has no parent", path.display())))?;
+    fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.{}.tmp", uuid::Uuid::new_v4().simple()));
+    let ctx = |what: &str| format!("{what} {}", tmp.display());
+    {
+        let mut f = File::create(&tmp).map_err(|e| Error::io(ctx("creating"), e))?;
+        f.write_all(bytes)
+            .map_err(|e| Error::io(ctx("writing"), e))?;
+        f.sync_all().map_err(|e| Error::io(ctx("syncing"), e))?;
+    }
+    fs::rename(&tmp, path).map_err(|e| Error::io(format!("renaming to {}", path.display()), e))?;
+    sync_dir(dir)
+}
+
+/// Writes `bytes` to `path` only if no file is there yet; returns `false` if one was.
+/// Used for log entries, which are never overwritten.
+pub fn write_new(path: &Path, bytes: &[u8]) -> Result<bool> {
+    if path.exists() {
+        return Ok(false);
+    }
+    write_atomic(path, bytes)?;
+    Ok(true)
+}
+
+/// Makes a directory's entries (created, renamed files) durable.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    let d = OpenOptions::new()
+        .read(true)
+        .open(dir)
+        .map_err(|e| Error::io(format!("opening {}", dir.display()), e))?;
+    d.sync_all()
+        .map_err(|e| Error::io(format!("syncing {}", dir.display()), e))
+}
+
+/// Creates a directory and its parents.
+pub fn create_dir_all(dir: &Path) -> Result<()> {
+    fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))
+}

@@ -1,0 +1,30 @@
+//! Tidemark: a SQL-first streaming database with Spark Structured Streaming semantics,
+//! spoken to over the Postgres wire.
+//!
+//! # Layout
+//!
+//! - [`server`]: the Postgres wire (pgwire through datafusion-postgres); splits query
+//!   strings, runs Tidemark's statements on the engine, delegates the rest.
+//! - [`sql`]: statement splitting, Tidemark's statements, options, SQL types.
+//! - [`catalog`]: streams and sinks as declared, durable in `catalog.json`.
+//! - [`engine`]: executes statements, runs one trigger loop per sink, keeps status and
+//!   progress, exposes `tidemark.queries` and `tidemark.progress`.
+//! - [`source`]: the file source (listing, reading JSON/CSV/Parquet/text into Arrow).
+//! - [`sink`]: the Delta Lake sink, idempotent by (query id, batch id).
+//! - [`checkpoint`]: the offsets log, commit log and source log, in Spark's layout.
+//! - [`fsutil`]: atomic, durable file writes.
+//! - [`error`]: the error type and its SQLSTATEs.
+//! - [`testing`]: crash points for crash tests.
+//!
+//! See `ARCHITECTURE.md` for the life of a micro-batch and the invariants.
+
+pub mod catalog;
+pub mod checkpoint;
+pub mod engine;
+pub mod error;
+pub mod fsutil;
+pub mod server;
+pub mod sink;
+pub mod source;
+pub mod sql;
+pub mod testing;

@@ -1,0 +1,184 @@
+//! The `tidemark` binary: `serve` (the default) or `run FILE.sql`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tidemark::engine::{Engine, Output};
+use tidemark::error::Error;
+use tidemark::sql::{Piece, TidemarkStatement, parse_tidemark, split};
+use tokio::net::TcpListener;
+
+#[derive(Parser)]
+#[command(
+    name = "tidemark",
+    version,
+    about = "A SQL-first streaming database over the Postgres wire"
+)]
+struct Cli {
+    /// Where catalog, checkpoints and default sink tables live.
+    #[arg(long, global = true, default_value = "./tidemark-data")]
+    data_dir: PathBuf,
+    /// The address the Postgres wire server listens on.
+    #[arg(long, global = true, default_value = "127.0.0.1:5433")]
+    listen: String,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start the server (the default).
+    Serve,
+    /// Run a SQL script in-process and exit once its available_now and once sinks finish.
+    Run {
+        /// The script.
+        file: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            None | Some(Command::Serve) => serve(&cli.data_dir, &cli.listen).await,
+            Some(Command::Run { file }) => run_script(&cli.data_dir, &file).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ERROR {}: {e}", e.sqlstate().code());
+            if let Some(h) = e.hint() {
+                eprintln!("HINT: {h}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(data_dir: &Path, listen: &str) -> Result<(), Error> {
+    let engine = Engine::open(data_dir).await?;
+    tidemark::server::prepare_session(&engine)?;
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|e| Error::io(format!("listening on {listen}"), e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::io("reading the listen address", e))?;
+    engine.start_sinks().await;
+    tracing::info!(%addr, data_dir = %engine.data_dir().display(), "tidemark is ready");
+    // Tests read this line to learn the port when listening on port 0.
+    println!("listening on {addr}");
+    tidemark::server::run(listener, engine.clone(), shutdown_signal())
+        .await
+        .map_err(|e| Error::io("serving", e))?;
+    tracing::info!("shutting down: stopping streaming queries after their current batch");
+    engine.shutdown().await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+async fn run_script(data_dir: &Path, file: &Path) -> Result<(), Error> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| Error::io(format!("reading {}", file.display()), e))?;
+    let engine = Engine::open(data_dir).await?;
+    let result = run_statements(&engine, &text).await;
+    engine.shutdown().await;
+    result
+}
+
+async fn run_statements(engine: &Engine, text: &str) -> Result<(), Error> {
+    let mut bounded = Vec::new();
+    for piece in split(text) {
+        match piece {
+            Piece::Tidemark(t) => {
+                let stmt = parse_tidemark(&t)?;
+                let started = match &stmt {
+                    TidemarkStatement::CreateSink(cs) => Some(cs.name.clone()),
+                    TidemarkStatement::StartSink { name } => Some(name.clone()),
+                    _ => None,
+                };
+                print_output(engine.execute(stmt).await?)?;
+                if let Some(name) = started
+                    && engine
+                        .sink_trigger(&name)
+                        .await
+                        .is_some_and(|t| t.is_bounded())
+                {
+                    bounded.push(name);
+                }
+            }
+            Piece::Other(t) => {
+                // Sinks started above may still be writing: wait before reading.
+                engine.wait_finished(&bounded).await?;
+                let df = engine.context().sql(&t).await?;
+                let schema = df.schema().as_arrow().clone();
+                let batches = df.collect().await?;
+                if !schema.fields().is_empty() {
+                    print_output(Output::Rows(std::sync::Arc::new(schema), batches))?;
+                }
+            }
+        }
+    }
+    engine.wait_finished(&bounded).await
+}
+
+fn print_output(output: Output) -> Result<(), Error> {
+    match output {
+        Output::Command(tag) => println!("{tag}"),
+        Output::Rows(schema, batches) => {
+            let batches = if batches.is_empty() {
+                vec![datafusion::arrow::record_batch::RecordBatch::new_empty(
+                    schema,
+                )]
+            } else {
+                batches
+            };
+            println!(
+                "{}",
+                datafusion::arrow::util::pretty::pretty_format_batches(&batches)?
+            );
+        }
+    }
+    Ok(())
+}

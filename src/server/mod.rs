@@ -1,0 +1,380 @@
+//! The Postgres wire server. The only module that knows pgwire.
+//!
+//! Every query string is split into statements ([`crate::sql::split`]); Tidemark's own
+//! statements are executed by the [`Engine`], the rest are passed, as the client wrote them,
+//! to datafusion-postgres's `DfSessionService`, which brings pg_catalog emulation (psql's
+//! `\d`), `SET`/`SHOW`, transactions and Arrow-to-wire encoding. Both the simple and the
+//! extended protocol go through here.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::DataType;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::datasource::MemTable;
+use datafusion::logical_expr::{ColumnarValue, ScalarUDF, Volatility, create_udf};
+use datafusion::scalar::ScalarValue;
+use datafusion_postgres::DfSessionService;
+use datafusion_postgres::arrow_pg::datatypes::arrow_schema_to_pg_fields;
+use datafusion_postgres::arrow_pg::datatypes::df::encode_dataframe;
+use datafusion_postgres::datafusion_pg_catalog::pg_catalog::context::EmptyContextProvider;
+use datafusion_postgres::datafusion_pg_catalog::setup_pg_catalog;
+use datafusion_postgres::pgwire;
+use futures::Sink;
+use pgwire::api::auth::StartupHandler;
+use pgwire::api::auth::noop::NoopStartupHandler;
+use pgwire::api::cancel::{CancelHandler, DefaultCancelHandler};
+use pgwire::api::portal::{Format, Portal};
+use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
+use pgwire::api::results::{FieldInfo, Response, Tag};
+use pgwire::api::stmt::QueryParser;
+use pgwire::api::store::PortalStore;
+use pgwire::api::{ClientInfo, ClientPortalStore, ConnectionManager, PgWireServerHandlers, Type};
+use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+use pgwire::messages::PgWireBackendMessage;
+use tokio::net::TcpListener;
+
+use crate::engine::{Engine, Output};
+use crate::error::{Error, classify_datafusion, parser_message, strip_datafusion_prefix};
+use crate::sql::{Piece, parse_tidemark, split};
+
+/// The string `SELECT version()` returns. Clients parse the leading "PostgreSQL <n>".
+pub const VERSION_STRING: &str = concat!(
+    "PostgreSQL 17.6 (Tidemark ",
+    env!("CARGO_PKG_VERSION"),
+    ", a streaming database on Apache DataFusion)"
+);
+
+/// Prepares the engine's session for Postgres clients: pg_catalog, `version()`.
+pub fn prepare_session(engine: &Engine) -> crate::error::Result<()> {
+    let ctx = engine.context();
+    setup_pg_catalog(ctx, "datafusion", EmptyContextProvider).map_err(|e| Error::DataFusion(*e))?;
+    ctx.register_udf(version_udf());
+    Ok(())
+}
+
+fn version_udf() -> ScalarUDF {
+    create_udf(
+        "version",
+        vec![],
+        DataType::Utf8,
+        Volatility::Immutable,
+        Arc::new(|_args: &[ColumnarValue]| {
+            Ok(ColumnarValue::Scalar(ScalarValue::Utf8(Some(
+                VERSION_STRING.to_string(),
+            ))))
+        }),
+    )
+}
+
+/// Accepts connections until `shutdown` completes. Each connection gets its own task.
+pub async fn run(
+    listener: TcpListener,
+    engine: Arc<Engine>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let handlers = Arc::new(Handlers::new(engine));
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            accepted = listener.accept() => {
+                match accepted {
+                    Ok((socket, addr)) => {
+                        let handlers = handlers.clone();
+                        tokio::spawn(async move {
+                            if let Err(e) = pgwire::tokio::process_socket(socket, None, handlers).await {
+                                tracing::debug!(%addr, error = %e, "connection ended with an error");
+                            }
+                        });
+                    }
+                    Err(e) => tracing::warn!(error = %e, "accept failed"),
+                }
+            }
+        }
+    }
+}
+
+struct Startup {
+    connections: Arc<ConnectionManager>,
+}
+
+#[async_trait]
+impl NoopStartupHandler for Startup {
+    fn connection_manager(&self) -> Option<Arc<ConnectionManager>> {
+        Some(self.connections.clone())
+    }
+}
+
+/// The handlers of every connection.
+pub struct Handlers {
+    service: Arc<TidemarkService>,
+    startup: Arc<Startup>,
+    cancel: Arc<DefaultCancelHandler>,
+}
+
+impl Handlers {
+    pub fn new(engine: Arc<Engine>) -> Handlers {
+        let connections = Arc::new(ConnectionManager::new());
+        let inner = Arc::new(DfSessionService::new(Arc::new(engine.context().clone())));
+        let parser = Arc::new(TidemarkParser {
+            inner: inner.query_parser(),
+        });
+        Handlers {
+            service: Arc::new(TidemarkService {
+                engine,
+                inner,
+                parser,
+            }),
+            startup: Arc::new(Startup {
+                connections: connections.clone(),
+            }),
+            cancel: Arc::new(DefaultCancelHandler::new(connections)),
+        }
+    }
+}
+
+impl PgWireServerHandlers for Handlers {
+    fn simple_query_handler(&self) -> Arc<impl SimpleQueryHandler> {
+        self.service.clone()
+    }
+
+    fn extended_query_handler(&self) -> Arc<impl ExtendedQueryHandler> {
+        self.service.clone()
+    }
+
+    fn startup_handler(&self) -> Arc<impl StartupHandler> {
+        self.startup.clone()
+    }
+
+    fn cancel_handler(&self) -> Arc<impl CancelHandler> {
+        self.cancel.clone()
+    }
+}
+
+/// Turns a Tidemark error into the wire's ErrorResponse.
+pub fn to_pg_error(e: &Error) -> PgWireError {
+    PgWireError::UserError(Box::new(error_info(e)))
+}
+
+fn error_info(e: &Error) -> ErrorInfo {
+    let mut info = ErrorInfo::new("ERROR".into(), e.sqlstate().code().into(), e.to_string());
+    info.hint = e.hint();
+    info
+}
+
+/// Gives errors from datafusion-postgres a proper SQLSTATE (it sends XX000 for all).
+fn classify_pg_error(e: PgWireError) -> PgWireError {
+    match e {
+        PgWireError::ApiError(inner) => {
+            if let Some(df) = inner.downcast_ref::<datafusion::error::DataFusionError>() {
+                return PgWireError::UserError(Box::new(ErrorInfo::new(
+                    "ERROR".into(),
+                    classify_datafusion(df).code().into(),
+                    strip_datafusion_prefix(df),
+                )));
+            }
+            if let Some(pe) =
+                inner.downcast_ref::<datafusion::sql::sqlparser::parser::ParserError>()
+            {
+                return PgWireError::UserError(Box::new(ErrorInfo::new(
+                    "ERROR".into(),
+                    "42601".into(),
+                    parser_message(pe),
+                )));
+            }
+            PgWireError::UserError(Box::new(ErrorInfo::new(
+                "ERROR".into(),
+                "XX000".into(),
+                inner.to_string(),
+            )))
+        }
+        other => other,
+    }
+}
+
+/// The query handler of every connection.
+pub struct TidemarkService {
+    engine: Arc<Engine>,
+    inner: Arc<DfSessionService>,
+    parser: Arc<TidemarkParser>,
+}
+
+/// Encodes an engine result for the wire.
+async fn encode_output(engine: &Engine, output: Output, format: &Format) -> PgWireResult<Response> {
+    match output {
+        Output::Command(tag) => Ok(Response::Execution(Tag::new(&tag))),
+        Output::Rows(schema, batches) => {
+            let batches: Vec<RecordBatch> = batches;
+            let table = MemTable::try_new(schema, vec![batches])
+                .map_err(|e| to_pg_error(&Error::from(e)))?;
+            let df = engine
+                .context()
+                .read_table(Arc::new(table))
+                .map_err(|e| to_pg_error(&Error::from(e)))?;
+            Ok(Response::Query(encode_dataframe(df, format, None).await?))
+        }
+    }
+}
+
+impl TidemarkService {
+    async fn run_tidemark(&self, text: &str, format: &Format) -> PgWireResult<Response> {
+        let stmt = parse_tidemark(text).map_err(|e| to_pg_error(&e))?;
+        let output = self
+            .engine
+            .execute(stmt)
+            .await
+            .map_err(|e| to_pg_error(&e))?;
+        encode_output(&self.engine, output, format).await
+    }
+}
+
+#[async_trait]
+impl SimpleQueryHandler for TidemarkService {
+    async fn do_query<C>(&self, client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let pieces = split(query);
+        if pieces.iter().all(|p| matches!(p, Piece::Other(_))) {
+            return SimpleQueryHandler::do_query(self.inner.as_ref(), client, query)
+                .await
+                .map_err(classify_pg_error);
+        }
+        // A mix: run in order, stop at the first error (as Postgres does).
+        let mut results = Vec::new();
+        for piece in pieces {
+            let outcome = match &piece {
+                Piece::Tidemark(text) => self
+                    .run_tidemark(text, &Format::UnifiedText)
+                    .await
+                    .map(|r| vec![r]),
+                Piece::Other(text) => {
+                    SimpleQueryHandler::do_query(self.inner.as_ref(), client, text)
+                        .await
+                        .map_err(classify_pg_error)
+                }
+            };
+            match outcome {
+                Ok(mut r) => results.append(&mut r),
+                Err(e) => {
+                    results.push(Response::Error(Box::new(into_error_info(e))));
+                    break;
+                }
+            }
+        }
+        Ok(results)
+    }
+}
+
+fn into_error_info(e: PgWireError) -> ErrorInfo {
+    match e {
+        PgWireError::UserError(info) => *info,
+        other => ErrorInfo::new("ERROR".into(), "XX000".into(), other.to_string()),
+    }
+}
+
+/// The statement type of the extended protocol: datafusion-postgres's. Tidemark's own
+/// statements are stored with no plan and recognised again by their text.
+type ExtStatement = <DfSessionService as ExtendedQueryHandler>::Statement;
+
+fn tidemark_text(stmt: &ExtStatement) -> Option<&str> {
+    match stmt {
+        (text, None) => match split(text).as_slice() {
+            [Piece::Tidemark(_)] => Some(text.as_str()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The extended protocol's parser: ours first, then datafusion-postgres's.
+pub struct TidemarkParser {
+    inner: Arc<<DfSessionService as ExtendedQueryHandler>::QueryParser>,
+}
+
+#[async_trait]
+impl QueryParser for TidemarkParser {
+    type Statement = ExtStatement;
+
+    async fn parse_sql<C>(
+        &self,
+        client: &C,
+        sql: &str,
+        types: &[Option<Type>],
+    ) -> PgWireResult<Option<Self::Statement>>
+    where
+        C: ClientInfo + Unpin + Send + Sync,
+    {
+        if let [Piece::Tidemark(text)] = split(sql).as_slice() {
+            // Parse now so syntax errors surface at Parse time, as in Postgres.
+            parse_tidemark(text).map_err(|e| to_pg_error(&e))?;
+            return Ok(Some((text.clone(), None)));
+        }
+        self.inner
+            .parse_sql(client, sql, types)
+            .await
+            .map_err(classify_pg_error)
+    }
+
+    fn get_parameter_types(&self, stmt: &Self::Statement) -> PgWireResult<Vec<Type>> {
+        if tidemark_text(stmt).is_some() {
+            return Ok(vec![]);
+        }
+        self.inner.get_parameter_types(stmt)
+    }
+
+    fn get_result_schema(
+        &self,
+        stmt: &Self::Statement,
+        column_format: Option<&Format>,
+    ) -> PgWireResult<Vec<FieldInfo>> {
+        if let Some(text) = tidemark_text(stmt) {
+            let format = column_format.unwrap_or(&Format::UnifiedText);
+            let schema = match parse_tidemark(text) {
+                Ok(s) => match crate::engine::result_schema(&s) {
+                    Some(schema) => schema,
+                    None => return Ok(vec![]),
+                },
+                Err(_) => return Ok(vec![]),
+            };
+            return arrow_schema_to_pg_fields(&schema, format, None);
+        }
+        self.inner.get_result_schema(stmt, column_format)
+    }
+}
+
+#[async_trait]
+impl ExtendedQueryHandler for TidemarkService {
+    type Statement = ExtStatement;
+    type QueryParser = TidemarkParser;
+
+    fn query_parser(&self) -> Arc<Self::QueryParser> {
+        self.parser.clone()
+    }
+
+    async fn do_query<C>(
+        &self,
+        client: &mut C,
+        portal: &Portal<Self::Statement>,
+        max_rows: usize,
+    ) -> PgWireResult<Response>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        if let Some(text) = tidemark_text(&portal.statement.statement) {
+            return self.run_tidemark(text, &portal.result_column_format).await;
+        }
+        ExtendedQueryHandler::do_query(self.inner.as_ref(), client, portal, max_rows)
+            .await
+            .map_err(classify_pg_error)
+    }
+}

@@ -1,0 +1,238 @@
+//! The Delta Lake sink: one Delta commit per micro-batch, idempotent by batch id.
+//!
+//! Each commit carries an application transaction `(app id = query id, version = batch id)`.
+//! delta-rs does not skip a commit whose version it has already seen for an app id, so
+//! [`DeltaSink::add_batch`] reads the table's transaction version first and skips batch `N`
+//! when `N <= version` (spec §11.2). A batch replayed after a crash between the Delta commit
+//! and `commits/N` is therefore never written twice.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::catalog::Session;
+use datafusion::datasource::{TableProvider, TableType};
+use datafusion::error::DataFusionError;
+use datafusion::logical_expr::Expr;
+use datafusion::physical_plan::ExecutionPlan;
+use deltalake::DeltaTable;
+use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::kernel::{StructType, Transaction};
+use deltalake::protocol::SaveMode;
+use tokio::sync::Mutex;
+use url::Url;
+
+use crate::checkpoint::BatchId;
+use crate::error::{Error, Result};
+
+/// A Delta table that a streaming query appends to.
+pub struct DeltaSink {
+    path: PathBuf,
+    url: Url,
+    /// The table as of our last commit; this sink is the table's only streaming writer.
+    table: Mutex<Option<DeltaTable>>,
+}
+
+/// What [`DeltaSink::add_batch`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SinkCommit {
+    /// The batch was committed as this table version.
+    Committed { version: i64 },
+    /// The table already holds this batch (a replay after a crash); nothing was written.
+    AlreadyCommitted,
+}
+
+fn delta_err(path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::Delta {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// The `file://` URL of a local table directory (created if missing).
+pub fn table_url(path: &Path) -> Result<Url> {
+    crate::fsutil::create_dir_all(path)?;
+    deltalake::ensure_table_uri(path.to_string_lossy()).map_err(|e| delta_err(path, e))
+}
+
+impl DeltaSink {
+    pub fn new(path: &Path) -> Result<DeltaSink> {
+        Ok(DeltaSink {
+            path: path.to_path_buf(),
+            url: table_url(path)?,
+            table: Mutex::new(None),
+        })
+    }
+
+    /// Creates the table with `schema` if there is none. An existing table must have the
+    /// same column names and types.
+    pub async fn ensure_table(&self, name: &str, schema: &SchemaRef) -> Result<()> {
+        ensure_table(&self.path, name, schema).await
+    }
+
+    async fn load(&self) -> Result<DeltaTable> {
+        let mut guard = self.table.lock().await;
+        if let Some(t) = guard.as_ref() {
+            return Ok(t.clone());
+        }
+        let t = deltalake::open_table(self.url.clone())
+            .await
+            .map_err(|e| delta_err(&self.path, e))?;
+        *guard = Some(t.clone());
+        Ok(t)
+    }
+
+    /// The last batch id committed by `app_id`, if any.
+    pub async fn committed_batch(&self, app_id: &str) -> Result<Option<i64>> {
+        let table = self.load().await?;
+        let snapshot = table.snapshot().map_err(|e| delta_err(&self.path, e))?;
+        snapshot
+            .transaction_version(table.log_store().as_ref(), app_id)
+            .await
+            .map_err(|e| delta_err(&self.path, e))
+    }
+
+    /// Appends a batch's rows in one commit tagged `(app_id, batch_id)`, unless the table
+    /// already holds that batch.
+    pub async fn add_batch(
+        &self,
+        app_id: &str,
+        batch_id: BatchId,
+        batches: Vec<RecordBatch>,
+    ) -> Result<SinkCommit> {
+        if let Some(v) = self.committed_batch(app_id).await?
+            && v >= batch_id as i64
+        {
+            return Ok(SinkCommit::AlreadyCommitted);
+        }
+        let table = self.load().await?;
+        let props = CommitProperties::default()
+            .with_application_transaction(Transaction::new(app_id, batch_id as i64))
+            .with_metadata([
+                ("queryId".to_string(), serde_json::json!(app_id)),
+                (
+                    "epochId".to_string(),
+                    serde_json::json!(batch_id.to_string()),
+                ),
+                ("outputMode".to_string(), serde_json::json!("Append")),
+            ]);
+        let result = table
+            .write(batches)
+            .with_save_mode(SaveMode::Append)
+            .with_commit_properties(props)
+            .await;
+        let mut guard = self.table.lock().await;
+        match result {
+            Ok(t) => {
+                let version = t.version().map_or(-1, |v| v as i64);
+                *guard = Some(t);
+                Ok(SinkCommit::Committed { version })
+            }
+            Err(e) => {
+                // Reload next time: the commit may or may not have happened.
+                *guard = None;
+                Err(delta_err(&self.path, e))
+            }
+        }
+    }
+}
+
+/// See [`DeltaSink::ensure_table`].
+pub async fn ensure_table(path: &Path, name: &str, schema: &SchemaRef) -> Result<()> {
+    let url = table_url(path)?;
+    let table = DeltaTable::try_from_url(url)
+        .await
+        .map_err(|e| delta_err(path, e))?;
+    if table.version().is_some() {
+        let existing = table
+            .snapshot()
+            .map_err(|e| delta_err(path, e))?
+            .snapshot()
+            .arrow_schema();
+        let same = existing.fields().len() == schema.fields().len()
+            && existing
+                .fields()
+                .iter()
+                .zip(schema.fields())
+                .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
+        if !same {
+            return Err(Error::InvalidOption {
+                message: format!(
+                    "the Delta table at \"{}\" has a different schema than sink \"{name}\"",
+                    path.display()
+                ),
+                hint: Some("Use another path, or a query with the table's columns.".into()),
+            });
+        }
+        return Ok(());
+    }
+    let kschema: StructType = schema
+        .as_ref()
+        .try_into_kernel()
+        .map_err(|e| delta_err(path, e))?;
+    table
+        .create()
+        .with_table_name(name)
+        .with_columns(kschema.fields().cloned())
+        .with_save_mode(SaveMode::Ignore)
+        .await
+        .map_err(|e| delta_err(path, e))?;
+    Ok(())
+}
+
+/// A sink's Delta table as a DataFusion table: every scan reads the latest version.
+#[derive(Debug)]
+pub struct DeltaReadTable {
+    path: PathBuf,
+    schema: SchemaRef,
+}
+
+impl DeltaReadTable {
+    /// Opens the table to learn its schema as the Delta provider reports it.
+    pub async fn try_new(path: &Path) -> Result<DeltaReadTable> {
+        let table = deltalake::open_table(table_url(path)?)
+            .await
+            .map_err(|e| delta_err(path, e))?;
+        let provider = table
+            .table_provider()
+            .await
+            .map_err(|e| delta_err(path, e))?;
+        Ok(DeltaReadTable {
+            path: path.to_path_buf(),
+            schema: provider.schema(),
+        })
+    }
+}
+
+#[async_trait]
+impl TableProvider for DeltaReadTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        let to_df = |e: Error| DataFusionError::External(Box::new(e));
+        let url = table_url(&self.path).map_err(to_df)?;
+        let table = deltalake::open_table(url)
+            .await
+            .map_err(|e| to_df(delta_err(&self.path, e)))?;
+        let provider = table
+            .table_provider()
+            .await
+            .map_err(|e| to_df(delta_err(&self.path, e)))?;
+        provider.scan(state, projection, filters, limit).await
+    }
+}

@@ -1,0 +1,3 @@
+//! Sinks: where a streaming query's rows go.
+
+pub mod delta;

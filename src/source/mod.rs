@@ -1,0 +1,3 @@
+//! Sources: where a streaming query's rows come from.
+
+pub mod file;

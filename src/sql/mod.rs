@@ -1,0 +1,143 @@
+//! SQL text in, statements out: splitting a query string into statements, telling
+//! Tidemark's own statements from the ones DataFusion runs, and parsing ours.
+//!
+//! sqlparser (the version DataFusion re-exports) knows nothing of streams and sinks, so the
+//! text is tokenized once, cut at top-level semicolons, and each piece is classified by its
+//! leading keywords. Pieces that are not ours are passed on as their original text, so the
+//! Postgres-compatibility rewrites of datafusion-postgres see exactly what the client sent.
+
+pub mod options;
+pub mod parser;
+pub mod types;
+
+use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+
+pub use parser::{
+    ColumnSpec, CreateSink, CreateStream, TidemarkStatement, WatermarkSpec, parse_tidemark,
+};
+
+/// One statement of a query string.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Piece {
+    /// A statement Tidemark handles itself; the text is the statement without its `;`.
+    Tidemark(String),
+    /// Anything else, for DataFusion; the original text.
+    Other(String),
+}
+
+impl Piece {
+    /// The statement's text.
+    pub fn text(&self) -> &str {
+        match self {
+            Piece::Tidemark(s) | Piece::Other(s) => s,
+        }
+    }
+}
+
+/// Splits `sql` into statements and classifies each. Text that does not tokenize is
+/// returned whole as [`Piece::Other`], so the parser that runs it reports the error.
+pub fn split(sql: &str) -> Vec<Piece> {
+    let dialect = PostgreSqlDialect {};
+    let tokens = match Tokenizer::new(&dialect, sql).tokenize_with_location() {
+        Ok(t) => t,
+        Err(_) => return vec![Piece::Other(sql.to_string())],
+    };
+    let line_starts: Vec<usize> = std::iter::once(0)
+        .chain(sql.match_indices('\n').map(|(i, _)| i + 1))
+        .collect();
+    let offset = |line: u64, column: u64| -> usize {
+        let Some(&start) = line_starts.get((line as usize).saturating_sub(1)) else {
+            return sql.len();
+        };
+        let rest = &sql[start..];
+        rest.char_indices()
+            .nth((column as usize).saturating_sub(1))
+            .map(|(i, _)| start + i)
+            .unwrap_or(sql.len())
+    };
+    let mut pieces = Vec::new();
+    let mut start = 0usize;
+    let mut words: Vec<String> = Vec::new();
+    let mut flush = |start: usize, end: usize, words: &mut Vec<String>| {
+        let text = sql[start..end].trim();
+        if !words.is_empty() && !text.is_empty() {
+            if is_tidemark(words) {
+                pieces.push(Piece::Tidemark(text.to_string()));
+            } else {
+                pieces.push(Piece::Other(text.to_string()));
+            }
+        }
+        words.clear();
+    };
+    for t in &tokens {
+        match &t.token {
+            Token::SemiColon => {
+                let end = offset(t.span.start.line, t.span.start.column);
+                flush(start, end, &mut words);
+                start = offset(t.span.end.line, t.span.end.column);
+            }
+            Token::Whitespace(_) => {}
+            Token::Word(w) if words.len() < 3 => words.push(w.value.to_ascii_uppercase()),
+            _ if words.len() < 3 => words.push(String::new()),
+            _ => {}
+        }
+    }
+    flush(start, sql.len(), &mut words);
+    pieces
+}
+
+/// Whether the leading words name one of Tidemark's statements.
+fn is_tidemark(words: &[String]) -> bool {
+    let w = |i: usize| words.get(i).map(String::as_str).unwrap_or("");
+    match w(0) {
+        "CREATE" => matches!(w(1), "STREAM" | "SINK"),
+        "DROP" => matches!(w(1), "STREAM" | "SINK"),
+        "SHOW" => matches!(w(1), "STREAMS" | "SINKS" | "QUERIES"),
+        "STOP" | "START" => w(1) == "SINK",
+        "FLUSH" => true,
+        "EXPLAIN" => w(1) == "CREATE" && w(2) == "SINK",
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_classifies_and_keeps_original_text() {
+        let pieces = split(
+            "CREATE STREAM s (a INT) WITH (path = '/x;y', format = 'json');\n\
+             select 1 ;  ; SHOW streams; -- trailing comment",
+        );
+        assert_eq!(
+            pieces,
+            vec![
+                Piece::Tidemark(
+                    "CREATE STREAM s (a INT) WITH (path = '/x;y', format = 'json')".into()
+                ),
+                Piece::Other("select 1".into()),
+                Piece::Tidemark("SHOW streams".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn split_handles_multibyte_text() {
+        let pieces = split("SELECT 'é;ü' AS x; SHOW SINKS");
+        assert_eq!(
+            pieces,
+            vec![
+                Piece::Other("SELECT 'é;ü' AS x".into()),
+                Piece::Tidemark("SHOW SINKS".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn split_passes_untokenizable_text_whole() {
+        let pieces = split("SELECT 'unterminated");
+        assert_eq!(pieces, vec![Piece::Other("SELECT 'unterminated".into())]);
+    }
+}

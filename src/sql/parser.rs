@@ -1,0 +1,498 @@
+//! The parser of Tidemark's own statements, on top of sqlparser's `Parser`.
+//!
+//! ```text
+//! CREATE STREAM [IF NOT EXISTS] name [( col type, ... [, WATERMARK FOR col AS col - INTERVAL '...'] )]
+//!     WITH (key = value, ...)
+//! CREATE SINK [IF NOT EXISTS] name [WITH (key = value, ...)] AS query
+//! EXPLAIN CREATE SINK ...
+//! DROP STREAM|SINK [IF EXISTS] name
+//! SHOW STREAMS | SHOW SINKS | SHOW QUERIES
+//! STOP SINK name | START SINK name
+//! FLUSH [SINK name]
+//! ```
+
+use std::time::Duration;
+
+use datafusion::arrow::datatypes::DataType;
+use datafusion::sql::sqlparser::ast::{BinaryOperator, Expr, Ident};
+use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+use datafusion::sql::sqlparser::keywords::Keyword;
+use datafusion::sql::sqlparser::parser::Parser;
+use datafusion::sql::sqlparser::tokenizer::Token;
+use serde::{Deserialize, Serialize};
+
+use super::options::{Options, parse_duration};
+use super::types::sql_to_arrow;
+use crate::error::{Error, Result};
+
+/// One of Tidemark's statements.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TidemarkStatement {
+    CreateStream(CreateStream),
+    CreateSink(CreateSink),
+    ExplainCreateSink(CreateSink),
+    DropStream {
+        name: String,
+        if_exists: bool,
+    },
+    DropSink {
+        name: String,
+        if_exists: bool,
+    },
+    ShowStreams,
+    ShowSinks,
+    ShowQueries,
+    StopSink {
+        name: String,
+    },
+    StartSink {
+        name: String,
+    },
+    /// Waits until the named sink (or every running sink) has processed what is available.
+    Flush {
+        sink: Option<String>,
+    },
+}
+
+/// A column of a stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ColumnSpec {
+    pub name: String,
+    /// The type as written, e.g. `DOUBLE PRECISION`.
+    pub sql_type: String,
+    #[serde(skip, default = "null_type")]
+    pub data_type: DataType,
+}
+
+fn null_type() -> DataType {
+    DataType::Null
+}
+
+/// `WATERMARK FOR col AS col - INTERVAL '...'`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WatermarkSpec {
+    pub column: String,
+    /// The delay, in microseconds.
+    pub delay_us: u64,
+}
+
+impl WatermarkSpec {
+    pub fn delay(&self) -> Duration {
+        Duration::from_micros(self.delay_us)
+    }
+}
+
+/// `CREATE STREAM`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CreateStream {
+    pub name: String,
+    pub if_not_exists: bool,
+    pub columns: Vec<ColumnSpec>,
+    pub watermark: Option<WatermarkSpec>,
+    pub options: Options,
+}
+
+/// `CREATE SINK`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CreateSink {
+    pub name: String,
+    pub if_not_exists: bool,
+    pub options: Options,
+    /// The `AS` query, as text DataFusion plans.
+    pub query: String,
+}
+
+/// Parses one statement that [`super::split`] classified as Tidemark's.
+pub fn parse_tidemark(sql: &str) -> Result<TidemarkStatement> {
+    let dialect = PostgreSqlDialect {};
+    let mut p = Parser::new(&dialect).try_with_sql(sql)?;
+    let stmt = parse_statement(&mut p)?;
+    // Allow a trailing semicolon, nothing else.
+    while p.consume_token(&Token::SemiColon) {}
+    let next = p.peek_token();
+    if next.token != Token::EOF {
+        return Err(Error::Syntax(format!(
+            "unexpected {} at the end of the statement",
+            next.token
+        )));
+    }
+    Ok(stmt)
+}
+
+fn word_is(p: &Parser, n: usize, word: &str) -> bool {
+    matches!(&p.peek_nth_token(n).token, Token::Word(w) if w.value.eq_ignore_ascii_case(word))
+}
+
+/// Consumes the next token if it is the (non-keyword) word `word`.
+fn parse_word(p: &mut Parser, word: &str) -> bool {
+    if word_is(p, 0, word) {
+        p.next_token();
+        true
+    } else {
+        false
+    }
+}
+
+fn expect_word(p: &mut Parser, word: &str) -> Result<()> {
+    if parse_word(p, word) {
+        Ok(())
+    } else {
+        Err(Error::Syntax(format!(
+            "expected {word}, found {}",
+            p.peek_token().token
+        )))
+    }
+}
+
+fn parse_statement(p: &mut Parser) -> Result<TidemarkStatement> {
+    if parse_word(p, "CREATE") {
+        if parse_word(p, "STREAM") {
+            return Ok(TidemarkStatement::CreateStream(parse_create_stream(p)?));
+        }
+        expect_word(p, "SINK")?;
+        return Ok(TidemarkStatement::CreateSink(parse_create_sink(p)?));
+    }
+    if parse_word(p, "EXPLAIN") {
+        expect_word(p, "CREATE")?;
+        expect_word(p, "SINK")?;
+        return Ok(TidemarkStatement::ExplainCreateSink(parse_create_sink(p)?));
+    }
+    if parse_word(p, "DROP") {
+        let is_stream = parse_word(p, "STREAM");
+        if !is_stream {
+            expect_word(p, "SINK")?;
+        }
+        let if_exists = p.parse_keywords(&[Keyword::IF, Keyword::EXISTS]);
+        let name = parse_name(p)?;
+        return Ok(if is_stream {
+            TidemarkStatement::DropStream { name, if_exists }
+        } else {
+            TidemarkStatement::DropSink { name, if_exists }
+        });
+    }
+    if parse_word(p, "SHOW") {
+        if parse_word(p, "STREAMS") {
+            return Ok(TidemarkStatement::ShowStreams);
+        }
+        if parse_word(p, "SINKS") {
+            return Ok(TidemarkStatement::ShowSinks);
+        }
+        expect_word(p, "QUERIES")?;
+        return Ok(TidemarkStatement::ShowQueries);
+    }
+    if parse_word(p, "STOP") {
+        expect_word(p, "SINK")?;
+        return Ok(TidemarkStatement::StopSink {
+            name: parse_name(p)?,
+        });
+    }
+    if parse_word(p, "START") {
+        expect_word(p, "SINK")?;
+        return Ok(TidemarkStatement::StartSink {
+            name: parse_name(p)?,
+        });
+    }
+    if parse_word(p, "FLUSH") {
+        let sink = if parse_word(p, "SINK") {
+            Some(parse_name(p)?)
+        } else {
+            None
+        };
+        return Ok(TidemarkStatement::Flush { sink });
+    }
+    Err(Error::Syntax(format!(
+        "unexpected {} at the start of a statement",
+        p.peek_token().token
+    )))
+}
+
+/// An identifier, lowercased unless quoted (as Postgres and DataFusion do).
+pub fn normalize_ident(ident: &Ident) -> String {
+    if ident.quote_style.is_some() {
+        ident.value.clone()
+    } else {
+        ident.value.to_ascii_lowercase()
+    }
+}
+
+fn parse_name(p: &mut Parser) -> Result<String> {
+    let name = p.parse_object_name(false)?;
+    if name.0.len() != 1 {
+        return Err(Error::Syntax(format!(
+            "\"{name}\": streams and sinks have unqualified names"
+        )));
+    }
+    let ident = name.0[0]
+        .as_ident()
+        .ok_or_else(|| Error::Syntax(format!("\"{name}\" is not a name")))?;
+    Ok(normalize_ident(ident))
+}
+
+fn parse_create_stream(p: &mut Parser) -> Result<CreateStream> {
+    let if_not_exists = p.parse_keywords(&[Keyword::IF, Keyword::NOT, Keyword::EXISTS]);
+    let name = parse_name(p)?;
+    let mut columns = Vec::new();
+    let mut watermark = None;
+    if p.consume_token(&Token::LParen) {
+        loop {
+            if word_is(p, 0, "WATERMARK") && word_is(p, 1, "FOR") {
+                p.next_token();
+                p.next_token();
+                if watermark.is_some() {
+                    return Err(Error::Syntax("a stream has at most one WATERMARK".into()));
+                }
+                watermark = Some(parse_watermark_clause(p)?);
+            } else {
+                let def = p.parse_column_def()?;
+                if !def.options.is_empty() {
+                    return Err(Error::unsupported(format!(
+                        "column constraints are not supported in streams (column \"{}\")",
+                        def.name
+                    )));
+                }
+                let sql_type = def.data_type.to_string();
+                columns.push(ColumnSpec {
+                    name: normalize_ident(&def.name),
+                    data_type: sql_to_arrow(&sql_type)?,
+                    sql_type,
+                });
+            }
+            if p.consume_token(&Token::RParen) {
+                break;
+            }
+            p.expect_token(&Token::Comma)?;
+        }
+    }
+    let options = parse_with_options(p)?.unwrap_or_default();
+    Ok(CreateStream {
+        name,
+        if_not_exists,
+        columns,
+        watermark,
+        options,
+    })
+}
+
+/// After `WATERMARK FOR`: `col AS col [- INTERVAL '...']`.
+fn parse_watermark_clause(p: &mut Parser) -> Result<WatermarkSpec> {
+    let column = normalize_ident(&p.parse_identifier()?);
+    p.expect_keyword_is(Keyword::AS)?;
+    let expr = p.parse_expr()?;
+    watermark_from_expr(&column, &expr)
+}
+
+fn watermark_from_expr(column: &str, expr: &Expr) -> Result<WatermarkSpec> {
+    let refers_to_column = |e: &Expr| match e {
+        Expr::Identifier(i) => normalize_ident(i) == column,
+        _ => false,
+    };
+    let bad = || {
+        Error::Syntax(format!(
+            "watermark must be \"{column} - INTERVAL '<delay>'\", got \"{expr}\""
+        ))
+    };
+    match expr {
+        e if refers_to_column(e) => Ok(WatermarkSpec {
+            column: column.to_string(),
+            delay_us: 0,
+        }),
+        Expr::BinaryOp {
+            left,
+            op: BinaryOperator::Minus,
+            right,
+        } if refers_to_column(left) => {
+            let text = right.to_string().replace('\'', "");
+            let delay = parse_duration(&text).map_err(|_| bad())?;
+            Ok(WatermarkSpec {
+                column: column.to_string(),
+                delay_us: delay.as_micros() as u64,
+            })
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// Parses the sink option `watermark = 'event_time - 10 minutes'`.
+pub fn parse_watermark_option(text: &str) -> Result<WatermarkSpec> {
+    let bad = || Error::InvalidOption {
+        message: format!("invalid watermark \"{text}\""),
+        hint: Some("Write it as 'event_time - 10 minutes'.".into()),
+    };
+    let (col, delay) = match text.split_once('-') {
+        Some((c, d)) => (c.trim(), Some(d.trim())),
+        None => (text.trim(), None),
+    };
+    if col.is_empty() || col.contains(char::is_whitespace) {
+        return Err(bad());
+    }
+    let delay_us = match delay {
+        Some(d) => parse_duration(d).map_err(|_| bad())?.as_micros() as u64,
+        None => 0,
+    };
+    Ok(WatermarkSpec {
+        column: col.trim_matches('"').to_string(),
+        delay_us,
+    })
+}
+
+fn parse_create_sink(p: &mut Parser) -> Result<CreateSink> {
+    let if_not_exists = p.parse_keywords(&[Keyword::IF, Keyword::NOT, Keyword::EXISTS]);
+    let name = parse_name(p)?;
+    let options = parse_with_options(p)?.unwrap_or_default();
+    if !p.parse_keyword(Keyword::AS) {
+        return Err(Error::Syntax(format!(
+            "expected WITH (...) or AS after CREATE SINK {name}, found {}",
+            p.peek_token().token
+        )));
+    }
+    let query = p.parse_query()?;
+    Ok(CreateSink {
+        name,
+        if_not_exists,
+        options,
+        query: query.to_string(),
+    })
+}
+
+/// `WITH (key = value, ...)`, if present. Keys may be dotted or quoted; values are string
+/// literals, numbers, booleans or bare words.
+fn parse_with_options(p: &mut Parser) -> Result<Option<Options>> {
+    if !p.parse_keyword(Keyword::WITH) {
+        return Ok(None);
+    }
+    p.expect_token(&Token::LParen)?;
+    let mut pairs = Vec::new();
+    if p.consume_token(&Token::RParen) {
+        return Ok(Some(Options::default()));
+    }
+    loop {
+        let mut key = option_atom(p, true)?;
+        while p.consume_token(&Token::Period) {
+            key.push('.');
+            key.push_str(&option_atom(p, true)?);
+        }
+        p.expect_token(&Token::Eq)?;
+        let value = option_atom(p, false)?;
+        pairs.push((key.to_ascii_lowercase(), value));
+        if p.consume_token(&Token::RParen) {
+            break;
+        }
+        p.expect_token(&Token::Comma)?;
+    }
+    Options::try_from_pairs(pairs).map(Some)
+}
+
+fn option_atom(p: &mut Parser, is_key: bool) -> Result<String> {
+    let t = p.next_token();
+    match t.token {
+        Token::Word(w) => Ok(w.value),
+        Token::SingleQuotedString(s) => Ok(s),
+        Token::Number(n, _) if !is_key => Ok(n),
+        Token::Minus if !is_key => match p.next_token().token {
+            Token::Number(n, _) => Ok(format!("-{n}")),
+            other => Err(Error::Syntax(format!("expected a number, found {other}"))),
+        },
+        other => Err(Error::Syntax(format!(
+            "expected an option {}, found {other}",
+            if is_key { "name" } else { "value" }
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_create_stream_with_watermark() {
+        let s = parse_tidemark(
+            "CREATE STREAM IF NOT EXISTS Clicks (user_id TEXT, event_time TIMESTAMP, \
+             duration_s DOUBLE PRECISION, \
+             WATERMARK FOR event_time AS event_time - INTERVAL '10 minutes') \
+             WITH (connector = 'file', format = 'json', path = '/tmp/x', max_files_per_trigger = 10)",
+        )
+        .unwrap();
+        let TidemarkStatement::CreateStream(cs) = s else {
+            panic!("not a stream")
+        };
+        assert_eq!(cs.name, "clicks");
+        assert!(cs.if_not_exists);
+        assert_eq!(cs.columns.len(), 3);
+        assert_eq!(cs.columns[2].data_type, DataType::Float64);
+        assert_eq!(
+            cs.watermark,
+            Some(WatermarkSpec {
+                column: "event_time".into(),
+                delay_us: 600_000_000
+            })
+        );
+        assert_eq!(cs.options.get("max_files_per_trigger"), Some("10"));
+    }
+
+    #[test]
+    fn parses_create_sink_with_options_before_as() {
+        let s = parse_tidemark(
+            "CREATE SINK s WITH (connector = 'delta', trigger = 'available_now') \
+             AS SELECT upper(page) AS p FROM clicks WHERE duration_s > 1",
+        )
+        .unwrap();
+        let TidemarkStatement::CreateSink(cs) = s else {
+            panic!("not a sink")
+        };
+        assert_eq!(cs.name, "s");
+        assert_eq!(cs.options.get("trigger"), Some("available_now"));
+        assert_eq!(
+            cs.query,
+            "SELECT upper(page) AS p FROM clicks WHERE duration_s > 1"
+        );
+    }
+
+    #[test]
+    fn parses_small_statements() {
+        assert_eq!(
+            parse_tidemark("DROP SINK IF EXISTS \"MySink\"").unwrap(),
+            TidemarkStatement::DropSink {
+                name: "MySink".into(),
+                if_exists: true
+            }
+        );
+        assert_eq!(
+            parse_tidemark("show queries;").unwrap(),
+            TidemarkStatement::ShowQueries
+        );
+        assert_eq!(
+            parse_tidemark("FLUSH SINK a").unwrap(),
+            TidemarkStatement::Flush {
+                sink: Some("a".into())
+            }
+        );
+    }
+
+    #[test]
+    fn rejects_bad_statements_with_syntax_errors() {
+        for sql in [
+            "CREATE SINK s WITH (a = 1)",
+            "CREATE STREAM s (a INT",
+            "DROP SINK a b",
+            "CREATE STREAM s WITH (a = 1, a = 2)",
+        ] {
+            let e = parse_tidemark(sql).unwrap_err();
+            assert!(
+                matches!(e.sqlstate().code(), "42601" | "22023"),
+                "{sql}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn parses_watermark_option() {
+        assert_eq!(
+            parse_watermark_option("event_time - 10 minutes").unwrap(),
+            WatermarkSpec {
+                column: "event_time".into(),
+                delay_us: 600_000_000
+            }
+        );
+        assert!(parse_watermark_option("a b - 1 minute").is_err());
+    }
+}

@@ -1,0 +1,33 @@
+//! Crash points for crash tests.
+//!
+//! `TIDEMARK_CRASH_AT=<point>[@<n>]` makes the process abort (no cleanup, like SIGKILL) the
+//! `n`-th time (default: first) execution reaches `crash_point("<point>")`. Points:
+//! `after_offsets_write`, `before_sink_commit`, `after_sink_commit`.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+static ARMED: OnceLock<Option<(String, u64)>> = OnceLock::new();
+static HITS: AtomicU64 = AtomicU64::new(0);
+
+fn armed() -> &'static Option<(String, u64)> {
+    ARMED.get_or_init(|| {
+        let v = std::env::var("TIDEMARK_CRASH_AT").ok()?;
+        let (point, n) = match v.split_once('@') {
+            Some((p, n)) => (p.to_string(), n.parse().unwrap_or(1)),
+            None => (v, 1),
+        };
+        Some((point, n))
+    })
+}
+
+/// Aborts the process here if this point is armed and its hit count is reached.
+pub fn crash_point(point: &str) {
+    if let Some((p, n)) = armed()
+        && p == point
+        && HITS.fetch_add(1, Ordering::SeqCst) + 1 == *n
+    {
+        eprintln!("tidemark: crash point {point} reached; aborting");
+        std::process::abort();
+    }
+}

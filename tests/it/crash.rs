@@ -1,0 +1,217 @@
+//! Crash tests: kill a real `tidemark` process in the middle of an `available_now` sink,
+//! restart it, let the sink finish, and check that the Delta table holds every input row
+//! exactly once and that no batch id was committed twice.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use tokio_postgres::Client;
+
+use crate::harness::{TestServer, free_port, poll};
+
+const FILES: usize = 40;
+const ROWS_PER_FILE: usize = 250;
+
+/// Lands `FILES` JSON files with distinct, increasing modification times. Row ids are
+/// unique across all files: id = file * ROWS_PER_FILE + row.
+fn land_files(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let base = SystemTime::now() - Duration::from_secs(3600);
+    for f in 0..FILES {
+        let path = dir.join(format!("part-{f:04}.json"));
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+        for r in 0..ROWS_PER_FILE {
+            let id = f * ROWS_PER_FILE + r;
+            writeln!(
+                out,
+                "{{\"id\":{id},\"page\":\"/p{}\",\"event_time\":\"2026-06-10T10:{:02}:{:02}Z\"}}",
+                id % 7,
+                (id / 60) % 60,
+                id % 60
+            )
+            .unwrap();
+        }
+        drop(out);
+        let file = std::fs::File::options().write(true).open(&path).unwrap();
+        file.set_modified(base + Duration::from_secs(f as u64))
+            .unwrap();
+    }
+}
+
+async fn create_pipeline(client: &Client, landing: &Path) {
+    client
+        .batch_execute(&format!(
+            "CREATE STREAM events (id BIGINT, page TEXT, event_time TIMESTAMP) \
+             WITH (connector = 'file', format = 'json', path = '{}', max_files_per_trigger = 1);
+             CREATE SINK copied WITH (trigger = 'available_now') AS \
+             SELECT id, upper(page) AS page, event_time FROM events WHERE id >= 0",
+            landing.display()
+        ))
+        .await
+        .unwrap();
+}
+
+async fn status(client: &Client) -> Option<(String, Option<i64>)> {
+    let row = client
+        .query_opt(
+            "SELECT status, last_batch_id FROM tidemark.queries WHERE name = 'copied'",
+            &[],
+        )
+        .await
+        .ok()??;
+    Some((row.get(0), row.get(1)))
+}
+
+/// Restarts on the same data directory and waits until the sink has finished.
+async fn finish(data_dir: &Path, port: u16) -> (TestServer, Client) {
+    let server = TestServer::start(data_dir, port, &[]).await;
+    let client = server.connect().await;
+    poll("the sink to finish after the restart", || async {
+        match status(&client).await {
+            Some((s, _)) if s == "finished" => Some(()),
+            Some((s, _)) if s == "failed" => panic!("sink failed:\n{}", server.log()),
+            _ => None,
+        }
+    })
+    .await;
+    (server, client)
+}
+
+/// Every input row exactly once in the table; one Delta commit per batch id.
+async fn check_exactly_once(client: &Client, data_dir: &Path) {
+    let row = client
+        .query_one(
+            "SELECT count(*), count(DISTINCT id), min(id), max(id) FROM copied",
+            &[],
+        )
+        .await
+        .unwrap();
+    let total = (FILES * ROWS_PER_FILE) as i64;
+    assert_eq!(row.get::<_, i64>(0), total, "rows in the table");
+    assert_eq!(row.get::<_, i64>(1), total, "distinct ids in the table");
+    assert_eq!(row.get::<_, i64>(2), 0);
+    assert_eq!(row.get::<_, i64>(3), total - 1);
+
+    // Read the Delta log directly: every commit's txn version, by batch id.
+    let log_dir = data_dir.join("tables/copied/_delta_log");
+    let mut commits_per_batch: BTreeMap<i64, usize> = BTreeMap::new();
+    for entry in std::fs::read_dir(&log_dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        for line in std::fs::read_to_string(&path).unwrap().lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            if let Some(txn) = v.get("txn") {
+                let version = txn["version"].as_i64().unwrap();
+                *commits_per_batch.entry(version).or_default() += 1;
+            }
+        }
+    }
+    // max_files_per_trigger = 1: one batch per file, batch ids 0..FILES.
+    assert_eq!(
+        commits_per_batch.keys().copied().collect::<Vec<_>>(),
+        (0..FILES as i64).collect::<Vec<_>>(),
+        "batch ids committed to Delta"
+    );
+    for (batch, n) in &commits_per_batch {
+        assert_eq!(*n, 1, "batch {batch} was committed {n} times");
+    }
+    // The checkpoint's commit log agrees.
+    let commits = std::fs::read_dir(data_dir.join("checkpoints/copied/commits"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .parse::<u64>()
+                .is_ok()
+        })
+        .count();
+    assert_eq!(commits, FILES, "entries in commits/");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_available_now_loses_and_duplicates_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let landing = tmp.path().join("landing");
+    land_files(&landing);
+    let data_dir = tmp.path().join("data");
+    let port = free_port();
+
+    let server = TestServer::start(&data_dir, port, &[]).await;
+    let client = server.connect().await;
+    create_pipeline(&client, &landing).await;
+    let killed_after = poll("a few batches", || async {
+        match status(&client).await {
+            Some((_, Some(b))) if b >= 3 => Some(b),
+            Some((s, _)) if s == "finished" => panic!("finished before the kill"),
+            _ => None,
+        }
+    })
+    .await;
+    server.kill().await;
+    eprintln!("killed after batch {killed_after}");
+
+    let (server, client) = finish(&data_dir, port).await;
+    check_exactly_once(&client, &data_dir).await;
+    // A finished available_now sink stays finished across a restart.
+    drop(client);
+    server.stop().await;
+    let server = TestServer::start(&data_dir, port, &[]).await;
+    let client = server.connect().await;
+    assert_eq!(status(&client).await.unwrap().0, "finished");
+    server.stop().await;
+}
+
+/// Dies at a named point of batch 5, restarts, finishes; the table is exactly once.
+async fn crash_at(point: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let landing = tmp.path().join("landing");
+    land_files(&landing);
+    let data_dir = tmp.path().join("data");
+    let port = free_port();
+    let spec = format!("{point}@6");
+    let mut server = TestServer::start(&data_dir, port, &[("TIDEMARK_CRASH_AT", &spec)]).await;
+    let client = server.connect().await;
+    create_pipeline(&client, &landing).await;
+    let status = server.wait_exit().await;
+    assert!(
+        !status.success(),
+        "the server should have aborted at {point}"
+    );
+    assert!(
+        server
+            .log()
+            .contains(&format!("crash point {point} reached"))
+    );
+    drop(client);
+
+    let (server, client) = finish(&data_dir, port).await;
+    check_exactly_once(&client, &data_dir).await;
+    if point == "after_sink_commit" {
+        assert!(
+            server.log().contains("batch already in the table; skipped"),
+            "the replayed batch should have been skipped by the Delta transaction check"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_offsets_write_replays_the_batch() {
+    crash_at("after_offsets_write").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_before_sink_commit_replays_the_batch() {
+    crash_at("before_sink_commit").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_sink_commit_skips_the_committed_batch() {
+    crash_at("after_sink_commit").await;
+}

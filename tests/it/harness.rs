@@ -1,0 +1,149 @@
+//! A real `tidemark serve` process for tests: start on a data directory, connect over
+//! pgwire, stop gracefully (SIGTERM) or crash it (SIGKILL), restart on the same directory.
+
+use std::path::{Path, PathBuf};
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio_postgres::{Client, NoTls};
+
+/// How long a server may take to start or stop before the test fails.
+pub const DEADLINE: Duration = Duration::from_secs(120);
+
+/// A free loopback port (bound then released; the server reuses it).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind a free port")
+        .local_addr()
+        .expect("local addr")
+        .port()
+}
+
+/// A running server process.
+pub struct TestServer {
+    child: Child,
+    pub port: u16,
+    log: PathBuf,
+}
+
+impl TestServer {
+    /// Starts `tidemark serve` on `data_dir` and waits until it accepts connections.
+    pub async fn start(data_dir: &Path, port: u16, env: &[(&str, &str)]) -> TestServer {
+        std::fs::create_dir_all(data_dir).expect("create data dir");
+        let log = data_dir.with_extension("log");
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("open server log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
+        cmd.arg("serve")
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--data-dir")
+            .arg(data_dir)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log_file))
+            .kill_on_drop(true);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn tidemark");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let ready = tokio::time::timeout(DEADLINE, async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.starts_with("listening on ") {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        if ready != Ok(true) {
+            let _ = child.kill().await;
+            panic!(
+                "tidemark did not start on port {port}; log:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        // Keep draining stdout so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        TestServer { child, port, log }
+    }
+
+    /// A client connected to this server.
+    pub async fn connect(&self) -> Client {
+        connect(self.port).await
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, then wait for a clean exit.
+    pub async fn stop(mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = std::process::Command::new("kill")
+                .arg("-TERM")
+                .arg(pid.to_string())
+                .status();
+        }
+        match tokio::time::timeout(DEADLINE, self.child.wait()).await {
+            Ok(Ok(status)) => assert!(
+                status.success(),
+                "tidemark exited with {status}; log:\n{}",
+                self.log()
+            ),
+            _ => panic!("tidemark did not stop within {DEADLINE:?}"),
+        }
+    }
+
+    /// SIGKILL: no cleanup at all.
+    pub async fn kill(mut self) {
+        let _ = self.child.kill().await;
+        let _ = self.child.wait().await;
+    }
+
+    /// Waits for the process to exit by itself.
+    pub async fn wait_exit(&mut self) -> std::process::ExitStatus {
+        tokio::time::timeout(DEADLINE, self.child.wait())
+            .await
+            .expect("tidemark did not exit in time")
+            .expect("wait")
+    }
+}
+
+/// Connects to a server on `port`.
+pub async fn connect(port: u16) -> Client {
+    let conn_str = format!("host=127.0.0.1 port={port} user=tidemark dbname=tidemark");
+    let (client, connection) = tokio_postgres::connect(&conn_str, NoTls)
+        .await
+        .expect("connect to tidemark");
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
+}
+
+/// Polls `probe` until it returns `Some`, failing after [`DEADLINE`].
+pub async fn poll<T, F, Fut>(what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -1,0 +1,6 @@
+//! The one integration-test binary: end-to-end tests against real `tidemark` processes.
+
+mod crash;
+mod harness;
+mod slt;
+mod wire;
