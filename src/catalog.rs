@@ -127,22 +127,7 @@ impl StreamDef {
             }
         }
         if let Some(wm) = &watermark {
-            let col = columns
-                .iter()
-                .find(|c| c.name == wm.column)
-                .ok_or_else(|| Error::UndefinedObject {
-                    kind: "column",
-                    name: wm.column.clone(),
-                })?;
-            if !matches!(col.data_type, DataType::Timestamp(..)) {
-                return Err(Error::InvalidOption {
-                    message: format!(
-                        "watermark column \"{}\" must be a TIMESTAMP, not {}",
-                        wm.column, col.sql_type
-                    ),
-                    hint: None,
-                });
-            }
+            check_watermark(&columns, wm)?;
         }
         // Spark makes every file-source field nullable (spec §10.1).
         let schema: SchemaRef = Arc::new(Schema::new(
@@ -177,6 +162,24 @@ impl StreamDef {
     pub fn schema(&self) -> SchemaRef {
         self.source().schema.clone()
     }
+}
+
+/// Checks that a watermark names a `TIMESTAMP` column of `columns`.
+pub fn check_watermark(columns: &[ColumnSpec], wm: &WatermarkSpec) -> Result<()> {
+    let col = columns
+        .iter()
+        .find(|c| c.name == wm.column)
+        .ok_or_else(|| Error::UndefinedObject {
+            kind: "column",
+            name: wm.column.clone(),
+        })?;
+    if !matches!(col.data_type, DataType::Timestamp(..)) {
+        return Err(Error::invalid_option(format!(
+            "watermark column \"{}\" must be a TIMESTAMP, not {}",
+            wm.column, col.sql_type
+        )));
+    }
+    Ok(())
 }
 
 /// What the user last asked of a sink, kept across restarts.
@@ -227,6 +230,16 @@ pub struct SinkDef {
     /// Whether `checkpoint` is the default location, owned by Tidemark (dropped with the sink).
     #[serde(default)]
     pub owns_checkpoint: bool,
+    /// Partitions of the state store; fixed once the checkpoint exists.
+    #[serde(default = "default_state_partitions")]
+    pub state_partitions: usize,
+}
+
+/// `state_partitions` when the sink does not say.
+pub const DEFAULT_STATE_PARTITIONS: usize = 4;
+
+fn default_state_partitions() -> usize {
+    DEFAULT_STATE_PARTITIONS
 }
 
 /// Everything the catalog file holds.

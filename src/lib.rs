@@ -11,6 +11,7 @@
 //!   progress, exposes `tidemark.queries` and `tidemark.progress`.
 //! - [`source`]: the file source (listing, reading JSON/CSV/Parquet/text into Arrow).
 //! - [`sink`]: the Delta Lake sink, idempotent by (query id, batch id).
+//! - [`state`]: state stores of stateful operators (in memory with durable deltas).
 //! - [`checkpoint`]: the offsets log, commit log and source log, in Spark's layout.
 //! - [`fsutil`]: atomic, durable file writes.
 //! - [`error`]: the error type and its SQLSTATEs.
@@ -27,4 +28,5 @@ pub mod server;
 pub mod sink;
 pub mod source;
 pub mod sql;
+pub mod state;
 pub mod testing;

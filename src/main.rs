@@ -37,12 +37,16 @@ enum Command {
     },
 }
 
+/// Tidemark at INFO; the libraries under it only when something is wrong.
+const DEFAULT_LOG_FILTER: &str =
+    "info,buoyant_kernel=warn,delta_kernel=warn,deltalake_core=warn,datafusion=warn,pgwire=warn";
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER)),
         )
         .with_writer(std::io::stderr)
         .init();

@@ -3,11 +3,14 @@
 //! It executes Tidemark's statements (the wire server and `tidemark run` both call
 //! [`Engine::execute`]) and starts, stops and watches one tokio task per running sink.
 
+pub mod aggregate;
 pub mod progress;
 pub mod query;
 pub mod tables;
+pub mod window;
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -17,14 +20,18 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::MemorySchemaProvider;
 use datafusion::common::TableReference;
 use datafusion::prelude::SessionContext;
+use futures::FutureExt;
 use tokio::sync::{Notify, watch};
 
-use crate::catalog::{Catalog, SinkDef, SinkState, StreamDef};
+use crate::catalog::{
+    Catalog, DEFAULT_STATE_PARTITIONS, SinkDef, SinkState, StreamDef, check_watermark,
+};
 use crate::error::{Error, Result};
 use crate::sink::delta::{DeltaReadTable, ensure_table};
 use crate::sql::options::{Trigger, format_duration};
 use crate::sql::parser::{CreateSink, CreateStream, TidemarkStatement, parse_watermark_option};
 use crate::sql::types::arrow_to_sql;
+use aggregate::OutputMode;
 use progress::{QueryStatus, Registry, Status};
 use query::{Outcome, QueryTask, StopReason};
 use tables::{StreamReadTable, SystemTable, queries_batch, queries_schema};
@@ -226,7 +233,11 @@ impl Engine {
     }
 
     /// Validates a sink declaration into its definition (without side effects).
-    async fn sink_def(&self, cat: &Catalog, cs: &CreateSink) -> Result<(SinkDef, SchemaRef)> {
+    async fn sink_def(
+        &self,
+        cat: &Catalog,
+        cs: &CreateSink,
+    ) -> Result<(SinkDef, query::SinkShape)> {
         cs.options.check_known(
             "a sink",
             &[
@@ -236,6 +247,7 @@ impl Engine {
                 "output_mode",
                 "checkpoint_location",
                 "watermark",
+                "state_partitions",
             ],
         )?;
         match cs.options.get("connector").unwrap_or("delta") {
@@ -248,29 +260,12 @@ impl Engine {
             }
         }
         let trigger = Trigger::parse(cs.options.get("trigger").unwrap_or("default"))?;
-        let output_mode = cs
+        let mode = OutputMode::parse(cs.options.get("output_mode").unwrap_or("append"))?;
+        let state_partitions = cs
             .options
-            .get("output_mode")
-            .unwrap_or("append")
-            .to_ascii_lowercase();
-        match output_mode.as_str() {
-            // For a query without aggregation, update behaves like append (spec §5.1).
-            "append" | "update" => {}
-            "complete" => {
-                return Err(Error::Unsupported {
-                    message: "output mode \"complete\" is not supported when there are no \
-                              streaming aggregations"
-                        .into(),
-                    hint: Some("Use output_mode = 'append' for a query without GROUP BY.".into()),
-                });
-            }
-            other => {
-                return Err(Error::InvalidOption {
-                    message: format!("invalid output_mode \"{other}\""),
-                    hint: Some("Use 'append', 'update' or 'complete'.".into()),
-                });
-            }
-        }
+            .positive_int("state_partitions")?
+            .map(|n| n as usize)
+            .unwrap_or(DEFAULT_STATE_PARTITIONS);
         let stream_name = single_stream(&cs.query, cat)?;
         let stream = cat
             .stream(&stream_name)
@@ -278,24 +273,15 @@ impl Engine {
                 kind: "stream",
                 name: stream_name.clone(),
             })?;
-        if let Some(wm) = cs.options.get("watermark") {
-            let spec = parse_watermark_option(wm)?;
-            let col = stream
-                .columns
-                .iter()
-                .find(|c| c.name == spec.column)
-                .ok_or_else(|| Error::UndefinedObject {
-                    kind: "column",
-                    name: spec.column.clone(),
-                })?;
-            if !matches!(col.data_type, DataType::Timestamp(..)) {
-                return Err(Error::invalid_option(format!(
-                    "watermark column \"{}\" must be a TIMESTAMP",
-                    spec.column
-                )));
+        let watermark = match cs.options.get("watermark") {
+            Some(wm) => {
+                let spec = parse_watermark_option(wm)?;
+                check_watermark(&stream.columns, &spec)?;
+                Some(spec)
             }
-        }
-        let schema = query::output_schema(&cs.query, stream).await?;
+            None => stream.watermark.clone(),
+        };
+        let shape = query::analyze_sink(&cs.query, stream, watermark, mode).await?;
         let path = match cs.options.get("path") {
             Some(p) => absolute(p)?,
             None => self.data_dir.join("tables").join(&cs.name),
@@ -313,12 +299,13 @@ impl Engine {
                 path,
                 checkpoint,
                 trigger,
-                output_mode,
+                output_mode: mode.as_str().to_string(),
                 state: SinkState::Running,
                 error: None,
                 owns_checkpoint,
+                state_partitions,
             },
-            schema,
+            shape,
         ))
     }
 
@@ -333,7 +320,8 @@ impl Engine {
                 name: cs.name,
             });
         }
-        let (def, schema) = self.sink_def(&cat, &cs).await?;
+        let (def, shape) = self.sink_def(&cat, &cs).await?;
+        let schema = shape.schema.clone();
         if cat.sinks.iter().any(|s| s.checkpoint == def.checkpoint) {
             return Err(Error::invalid_option(format!(
                 "checkpoint location \"{}\" is used by another sink",
@@ -356,39 +344,9 @@ impl Engine {
 
     async fn explain_sink(&self, cs: CreateSink) -> Result<Output> {
         let cat = self.catalog.lock().await;
-        let (def, _) = self.sink_def(&cat, &cs).await?;
+        let (def, shape) = self.sink_def(&cat, &cs).await?;
         let stream = cat.stream(&def.stream).expect("checked by sink_def");
-        let ctx = SessionContext::new();
-        ctx.register_table(
-            TableReference::bare(stream.name.clone()),
-            Arc::new(datafusion::datasource::MemTable::try_new(
-                stream.schema(),
-                vec![vec![]],
-            )?),
-        )?;
-        let plan = ctx.sql(&def.query).await?.into_optimized_plan()?;
-        let mut lines = vec![
-            format!(
-                "DeltaSink: path={} output_mode={} trigger={}",
-                def.path.display(),
-                def.output_mode,
-                def.trigger
-            ),
-            "  Emit: every row of every micro-batch (stateless, no state store)".to_string(),
-        ];
-        for l in plan.display_indent().to_string().lines() {
-            lines.push(format!("  {l}"));
-        }
-        lines.push(format!(
-            "  Source: FileStreamSource[{}] format={}{}",
-            stream.source().path.display(),
-            stream.source().format.name(),
-            stream
-                .source()
-                .max_files_per_trigger
-                .map(|n| format!(" max_files_per_trigger={n}"))
-                .unwrap_or_default()
-        ));
+        let lines = query::explain(&def, stream, &shape).await?;
         let schema = explain_schema();
         let col: ArrayRef = Arc::new(StringArray::from(lines));
         Ok(Output::Rows(
@@ -523,7 +481,19 @@ impl Engine {
         let engine = self.me.clone();
         let name = def.name.clone();
         let done = tokio::spawn(async move {
-            let outcome = query::run(task).await;
+            // A panic is a bug; it fails this query, not the server.
+            let outcome = match AssertUnwindSafe(query::run(task)).catch_unwind().await {
+                Ok(o) => o,
+                Err(panic) => {
+                    let msg = panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_default();
+                    tracing::error!(sink = %name, panic = %msg, "streaming query panicked");
+                    Outcome::Failed(Error::Internal(format!("the query panicked: {msg}")))
+                }
+            };
             if let Some(engine) = engine.upgrade() {
                 engine.on_query_end(&name, outcome).await;
             }

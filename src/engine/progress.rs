@@ -96,6 +96,47 @@ pub struct SinkProgress {
     pub num_output_rows: i64,
 }
 
+/// `eventTime` of a progress report: the batch's event-time statistics (data batches only)
+/// and the watermark in force during the batch, `WM(N)`.
+#[derive(Debug, Clone, Serialize)]
+pub struct EventTimeProgress {
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "serialize_opt_ts"
+    )]
+    pub avg: Option<DateTime<Utc>>,
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "serialize_opt_ts"
+    )]
+    pub max: Option<DateTime<Utc>>,
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "serialize_opt_ts"
+    )]
+    pub min: Option<DateTime<Utc>>,
+    #[serde(serialize_with = "serialize_ts")]
+    pub watermark: DateTime<Utc>,
+}
+
+/// One entry of `stateOperators`, in Spark's key order.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StateOperatorProgress {
+    pub operator_name: String,
+    pub num_rows_total: u64,
+    pub num_rows_updated: u64,
+    pub all_updates_time_ms: u64,
+    pub num_rows_removed: u64,
+    pub all_removals_time_ms: u64,
+    pub commit_time_ms: u64,
+    pub memory_used_bytes: u64,
+    /// Input rows dropped as late (Spark counts partially aggregated groups instead).
+    pub num_rows_dropped_by_watermark: u64,
+    pub num_shuffle_partitions: usize,
+    pub num_state_store_instances: usize,
+}
+
 /// A progress report, serialized in Spark's `StreamingQueryProgress` key order.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -103,8 +144,9 @@ pub struct Progress {
     pub id: Uuid,
     pub run_id: Uuid,
     pub name: String,
-    /// Trigger start, `yyyy-MM-ddTHH:mm:ss.SSSZ`.
-    pub timestamp: String,
+    /// Trigger start; serialized as `yyyy-MM-ddTHH:mm:ss.SSSZ`.
+    #[serde(serialize_with = "serialize_ts")]
+    pub timestamp: DateTime<Utc>,
     pub batch_id: BatchId,
     pub batch_duration: u64,
     pub num_input_rows: u64,
@@ -112,7 +154,10 @@ pub struct Progress {
     pub processed_rows_per_second: f64,
     /// Phase durations, ms; keys sorted.
     pub duration_ms: BTreeMap<String, u64>,
-    pub state_operators: Vec<serde_json::Value>,
+    /// Present iff the query has a watermark.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event_time: Option<EventTimeProgress>,
+    pub state_operators: Vec<StateOperatorProgress>,
     pub sources: Vec<SourceProgress>,
     pub sink: SinkProgress,
 }
@@ -134,6 +179,20 @@ pub fn round_rate(x: f64) -> f64 {
 /// Formats a time as Spark's progress does: UTC with milliseconds.
 pub fn format_ts(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
+}
+
+fn serialize_ts<S: serde::Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format_ts(*t))
+}
+
+fn serialize_opt_ts<S: serde::Serializer>(
+    t: &Option<DateTime<Utc>>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match t {
+        Some(t) => serialize_ts(t, s),
+        None => s.serialize_none(),
+    }
 }
 
 /// Statuses and recent progress of every query, with a change signal.

@@ -21,15 +21,23 @@ use futures::StreamExt;
 use tokio::sync::{Notify, watch};
 use uuid::Uuid;
 
+use super::aggregate::{
+    AggregateBatch, AggregateInfo, AggregateOperator, EventTimeStats, KeyTime, OutputMode,
+    part_above, stateless_part,
+};
 use super::progress::{
-    Progress, Registry, SinkProgress, SourceProgress, Status, format_ts, round_rate,
+    EventTimeProgress, Progress, Registry, SinkProgress, SourceProgress, StateOperatorProgress,
+    Status, round_rate,
 };
 use crate::catalog::{SinkDef, StreamDef};
 use crate::checkpoint::{BatchId, Checkpoint, CommitEntry, OffsetMetadata, OffsetSeq};
 use crate::error::{Error, Result};
-use crate::sink::delta::{DeltaSink, SinkCommit};
+use crate::sink::delta::{DeltaSink, SinkCommit, WriteMode};
 use crate::source::file::{FileSourceConfig, ListedFile};
 use crate::sql::options::Trigger;
+use crate::sql::parser::{WatermarkSpec, parse_watermark_option};
+use crate::state::memory::MemoryStateStore;
+use crate::state::{StateMetrics, StateStore};
 
 /// How often the default trigger looks for new files when idle.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
@@ -70,25 +78,72 @@ pub fn parallelism() -> usize {
 }
 
 fn query_context() -> SessionContext {
-    SessionContext::new_with_config(
+    let ctx = SessionContext::new_with_config(
         SessionConfig::new()
             .with_target_partitions(parallelism())
-            .with_information_schema(false),
-    )
+            .with_information_schema(false)
+            .set_str("datafusion.execution.time_zone", "UTC"),
+    );
+    super::window::register_udfs(&ctx);
+    ctx
 }
 
-/// Plans a sink's query over an empty stream, checks that it is a stateless query over
-/// that one stream, and returns the schema of the rows it writes (all fields nullable,
-/// as Spark's sinks make them).
-pub async fn output_schema(query: &str, stream: &StreamDef) -> Result<SchemaRef> {
+/// What a sink's query is, as the engine runs it.
+#[derive(Debug, Clone)]
+pub struct SinkShape {
+    /// The query DataFusion plans, after Spark's `window.start` references are expanded.
+    pub sql: String,
+    /// The rows it writes: every field nullable, as Spark's sinks make them.
+    pub schema: SchemaRef,
+    /// Its aggregation, if it has one.
+    pub aggregate: Option<AggregateInfo>,
+    pub mode: OutputMode,
+    pub watermark: Option<WatermarkSpec>,
+}
+
+impl SinkShape {
+    /// How batches go into the Delta table.
+    pub fn write_mode(&self) -> WriteMode {
+        match (&self.aggregate, self.mode) {
+            (Some(_), OutputMode::Complete) => WriteMode::Overwrite,
+            (Some(a), OutputMode::Update) => WriteMode::Merge {
+                keys: a.output_keys.clone().unwrap_or_default(),
+            },
+            _ => WriteMode::Append,
+        }
+    }
+}
+
+/// The sink's watermark: its `watermark` option, else the stream's `WATERMARK FOR`.
+pub fn sink_watermark(def: &SinkDef, stream: &StreamDef) -> Result<Option<WatermarkSpec>> {
+    match def.options.get("watermark") {
+        Some(w) => Ok(Some(parse_watermark_option(w)?)),
+        None => Ok(stream.watermark.clone()),
+    }
+}
+
+/// Plans a sink's query over an empty stream and checks it: one stream, shapes Spark
+/// allows for the output mode (spec §5.2–5.3), distinct column names.
+pub async fn analyze_sink(
+    query: &str,
+    stream: &StreamDef,
+    watermark: Option<WatermarkSpec>,
+    mode: OutputMode,
+) -> Result<SinkShape> {
+    let sql = crate::sql::expand_window_refs(query)?;
     let ctx = query_context();
     let schema = stream.schema();
     ctx.register_table(
         datafusion::common::TableReference::bare(stream.name.clone()),
         Arc::new(MemTable::try_new(schema.clone(), vec![vec![]])?),
     )?;
-    let df = ctx.sql(query).await?;
-    check_stateless(df.logical_plan())?;
+    let df = ctx.sql(&sql).await?;
+    check_shape(df.logical_plan())?;
+    let aggregate = super::aggregate::analyze(
+        df.logical_plan(),
+        watermark.as_ref().map(|w| w.column.as_str()),
+        mode,
+    )?;
     let fields: Vec<Field> = df
         .schema()
         .as_arrow()
@@ -105,28 +160,143 @@ pub async fn output_schema(query: &str, stream: &StreamDef) -> Result<SchemaRef>
             });
         }
     }
-    Ok(Arc::new(Schema::new(fields)))
+    Ok(SinkShape {
+        sql,
+        schema: Arc::new(Schema::new(fields)),
+        aggregate,
+        mode,
+        watermark,
+    })
 }
 
-/// Refuses query shapes that need state. Aggregations and windows come with the
-/// windowed-aggregation work; the rest follow Spark's rules (spec §5.2).
-fn check_stateless(plan: &LogicalPlan) -> Result<()> {
+/// The lines of `EXPLAIN CREATE SINK`: sink, emit rule, stateful operator, stateless part,
+/// source. Stable text, no addresses.
+pub async fn explain(def: &SinkDef, stream: &StreamDef, shape: &SinkShape) -> Result<Vec<String>> {
+    let ctx = query_context();
+    ctx.register_table(
+        datafusion::common::TableReference::bare(stream.name.clone()),
+        Arc::new(MemTable::try_new(stream.schema(), vec![vec![]])?),
+    )?;
+    let plan = ctx.sql(&shape.sql).await?.into_unoptimized_plan();
+    let write = match shape.write_mode() {
+        WriteMode::Append => "append".to_string(),
+        WriteMode::Overwrite => "overwrite".to_string(),
+        WriteMode::Merge { keys } => format!("merge on ({})", keys.join(", ")),
+    };
+    let mut lines = vec![format!(
+        "DeltaSink: path={} output_mode={} trigger={} write={write}",
+        def.path.display(),
+        shape.mode.as_str(),
+        def.trigger
+    )];
+    let indent = |lines: &mut Vec<String>, plan: &LogicalPlan, depth: usize| {
+        for l in plan.display_indent().to_string().lines() {
+            lines.push(format!("{}{l}", "  ".repeat(depth)));
+        }
+    };
+    match &shape.aggregate {
+        None => {
+            lines.push("  Emit: every row of every micro-batch (stateless, no state)".into());
+            indent(&mut lines, &plan, 1);
+        }
+        Some(a) => {
+            let closes = match a.key_time {
+                Some(KeyTime::Window) => "window.end".to_string(),
+                Some(KeyTime::Column(i)) => a.keys[i].to_string(),
+                None => String::new(),
+            };
+            lines.push(format!(
+                "  Emit: {}",
+                match (shape.mode, a.key_time.is_some()) {
+                    (OutputMode::Append, _) => format!(
+                        "each group once, when the watermark passes {closes}; then evicted"
+                    ),
+                    (OutputMode::Update, true) => format!(
+                        "every group the batch updated; evicted silently once the watermark \
+                         passes {closes}"
+                    ),
+                    (OutputMode::Update, false) => {
+                        "every group the batch updated; nothing evicted".to_string()
+                    }
+                    (OutputMode::Complete, _) => {
+                        "the whole result every batch; nothing evicted, nothing late".to_string()
+                    }
+                }
+            ));
+            let above = part_above(&plan, vec![])?;
+            let mut above_lines = Vec::new();
+            indent(&mut above_lines, &above, 0);
+            for l in above_lines.iter().filter(|l| !l.contains("__emitted")) {
+                lines.push(format!("  {l}"));
+            }
+            lines.push(format!(
+                "  StatefulAggregate: keys=[{}] aggregates=[{}] state=memory partitions={}",
+                a.group_names.join(", "),
+                a.aggregates
+                    .iter()
+                    .map(|e| e.human_display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                def.state_partitions
+            ));
+            if let Some(w) = &a.window {
+                let kind = if w.spec.is_tumbling() {
+                    "tumbling"
+                } else {
+                    "sliding"
+                };
+                lines.push(format!(
+                    "    Window: {kind} size={} slide={} over {}",
+                    crate::sql::options::format_duration(Duration::from_micros(w.spec.size as u64)),
+                    crate::sql::options::format_duration(Duration::from_micros(
+                        w.spec.slide as u64
+                    )),
+                    w.time_column
+                ));
+            }
+            match (&shape.watermark, a.key_time) {
+                (Some(wm), Some(_)) => lines.push(format!(
+                    "    Watermark: {} - {}; late when {closes} <= the previous batch's watermark{}",
+                    wm.column,
+                    crate::sql::options::format_duration(wm.delay()),
+                    if shape.mode == OutputMode::Complete { " (complete: never)" } else { "" }
+                )),
+                (Some(wm), None) => lines.push(format!(
+                    "    Watermark: {} - {}; no group key carries it: nothing is late or evicted",
+                    wm.column,
+                    crate::sql::options::format_duration(wm.delay())
+                )),
+                (None, _) => lines.push("    Watermark: none".into()),
+            }
+            if let Some(pre) = stateless_part(&plan) {
+                indent(&mut lines, &pre, 2);
+            }
+        }
+    }
+    let src = stream.source();
+    lines.push(format!(
+        "  Source: FileStreamSource[{}] format={}{}",
+        src.path.display(),
+        src.format.name(),
+        src.max_files_per_trigger
+            .map(|n| format!(" max_files_per_trigger={n}"))
+            .unwrap_or_default()
+    ));
+    Ok(lines)
+}
+
+/// Refuses query shapes Tidemark does not run on streams (spec §5.2).
+fn check_shape(plan: &LogicalPlan) -> Result<()> {
     let mut err = None;
     plan.apply_with_subqueries(|node| {
         let refusal = match node {
-            LogicalPlan::Aggregate(_) | LogicalPlan::Distinct(_) => Some(Error::Unsupported {
-                message: "aggregations in sinks are not supported yet".into(),
-                hint: Some("Sinks run stateless queries: projections, filters, functions.".into()),
+            LogicalPlan::Distinct(_) => Some(Error::Unsupported {
+                message: "SELECT DISTINCT is not supported on streams yet".into(),
+                hint: Some("Use GROUP BY over the columns instead.".into()),
             }),
             LogicalPlan::Window(_) => Some(Error::unsupported(
                 "window functions (OVER) are not supported on streams",
             )),
-            LogicalPlan::Sort(_) => Some(Error::Unsupported {
-                message: "ORDER BY is not supported on a stream".into(),
-                hint: Some(
-                    "Spark allows sorting only after an aggregation in complete mode.".into(),
-                ),
-            }),
             LogicalPlan::Limit(_) => {
                 Some(Error::unsupported("LIMIT is not supported in sinks yet"))
             }
@@ -161,6 +331,10 @@ struct PlannedBatch {
     start: Option<u64>,
     /// This batch's end offset: the newest file-source log entry it reads.
     end: u64,
+    /// `WM(N)`: closes windows and evicts state (spec §2.4).
+    watermark_ms: i64,
+    /// `WM(N-1)`: judges late rows.
+    late_watermark_ms: i64,
 }
 
 fn log_offset(seq: &OffsetSeq) -> Result<Option<u64>> {
@@ -185,6 +359,9 @@ struct Resume {
     committed_end: Option<u64>,
     /// An uncommitted batch to replay first.
     pending: Option<PlannedBatch>,
+    /// The global watermark to continue from, and the last batch's `WM(N)`.
+    watermark_ms: i64,
+    last_batch_watermark_ms: i64,
 }
 
 fn resume(ckpt: &Checkpoint) -> Result<Resume> {
@@ -193,32 +370,42 @@ fn resume(ckpt: &Checkpoint) -> Result<Resume> {
             next_batch: 0,
             committed_end: None,
             pending: None,
+            watermark_ms: 0,
+            last_batch_watermark_ms: 0,
         });
     };
     let end = log_offset(&seq)?;
-    let committed = ckpt.latest_commit()?.map(|(n, _)| n);
-    if committed == Some(last) {
+    let commit = ckpt.latest_commit()?;
+    if let Some((c, entry)) = &commit
+        && *c == last
+    {
         return Ok(Resume {
             next_batch: last + 1,
             committed_end: end,
             pending: None,
+            watermark_ms: seq
+                .metadata
+                .batch_watermark_ms
+                .max(entry.next_batch_watermark_ms),
+            last_batch_watermark_ms: seq.metadata.batch_watermark_ms,
         });
     }
-    if committed.is_some_and(|c| c + 1 < last) {
+    if commit.is_some_and(|(c, _)| c + 1 < last) {
         tracing::warn!(
             batch = last,
             "commit log is behind by more than one batch; replaying the last"
         );
     }
-    let start = if last == 0 {
-        None
+    let (start, prev_wm) = if last == 0 {
+        (None, 0)
     } else {
         let prev = ckpt
             .offsets(last - 1)?
             .ok_or_else(|| Error::Internal(format!("batch {} doesn't exist", last - 1)))?;
-        log_offset(&prev)?
+        (log_offset(&prev)?, prev.metadata.batch_watermark_ms)
     };
     let end = end.ok_or_else(|| Error::Internal(format!("offsets/{last} has no source offset")))?;
+    let wm = seq.metadata.batch_watermark_ms;
     Ok(Resume {
         next_batch: last,
         committed_end: start,
@@ -226,7 +413,11 @@ fn resume(ckpt: &Checkpoint) -> Result<Resume> {
             id: last,
             start,
             end,
+            watermark_ms: wm,
+            late_watermark_ms: prev_wm,
         }),
+        watermark_ms: wm,
+        last_batch_watermark_ms: prev_wm,
     })
 }
 
@@ -253,10 +444,26 @@ struct Runner {
     stream_name: String,
     ckpt: Checkpoint,
     sink: DeltaSink,
-    sink_schema: SchemaRef,
+    shape: SinkShape,
+    write_mode: WriteMode,
+    operator: Option<AggregateOperator>,
     ctx: SessionContext,
     registry: Arc<Registry>,
     run_id: Uuid,
+}
+
+/// What a batch did, for the progress report.
+#[derive(Default)]
+struct BatchStats {
+    rows_in: u64,
+    rows_out: u64,
+    event_time: EventTimeStats,
+    state: Option<(StateMetrics, AggregateBatch)>,
+}
+
+/// The delay of the watermark, in ms (a month would count as 31 days; we refuse months).
+fn delay_ms(wm: &WatermarkSpec) -> i64 {
+    (wm.delay_us / 1000) as i64
 }
 
 async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
@@ -270,26 +477,53 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         s.status = Status::Running;
         s.error = None;
     });
-    let sink_schema = output_schema(&def.query, &task.stream).await?;
+    let watermark = sink_watermark(&def, &task.stream)?;
+    let mode = OutputMode::parse(&def.output_mode)?;
+    let shape = analyze_sink(&def.query, &task.stream, watermark.clone(), mode).await?;
     let sink = DeltaSink::new(&def.path)?;
-    sink.ensure_table(&def.name, &sink_schema).await?;
+    sink.ensure_table(&def.name, &shape.schema).await?;
+    let Resume {
+        mut next_batch,
+        mut committed_end,
+        mut pending,
+        watermark_ms: mut global_wm,
+        last_batch_watermark_ms: mut last_batch_wm,
+    } = resume(&ckpt)?;
+    let ctx = query_context();
+    let operator = match &shape.aggregate {
+        None => None,
+        Some(info) => {
+            let pre_schema = stateless_schema(&ctx, &shape.sql, &task.stream).await?;
+            let dir = ckpt.root().join("state").join("0");
+            let partitions = def.state_partitions;
+            let mut op =
+                AggregateOperator::try_new(info.clone(), mode, &pre_schema, |schema, keys| {
+                    Ok(
+                        Box::new(MemoryStateStore::open(&dir, schema, keys, partitions)?)
+                            as Box<dyn StateStore>,
+                    )
+                })
+                .await?;
+            // Batch N reads state version N.
+            op.state_mut().load(next_batch)?;
+            Some(op)
+        }
+    };
     let runner = Runner {
         source: source.clone(),
         stream_name: task.stream.name.clone(),
         ckpt,
         sink,
-        sink_schema,
-        ctx: query_context(),
+        write_mode: shape.write_mode(),
+        shape,
+        operator,
+        ctx,
         registry: task.registry.clone(),
         run_id,
         def,
     };
+    let mut runner = runner;
     let log = runner.ckpt.source_log(0);
-    let Resume {
-        mut next_batch,
-        mut committed_end,
-        mut pending,
-    } = resume(&runner.ckpt)?;
     let mut last_log = log.latest()?;
     let mut seen: HashSet<String> = HashSet::new();
     if let Some(latest) = last_log {
@@ -303,6 +537,13 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         Trigger::AvailableNow => Some(source.list()?),
         _ => None,
     };
+    let wants_no_data = runner
+        .operator
+        .as_ref()
+        .is_some_and(|o| o.wants_no_data_batches());
+    // A no-data batch is due when the watermark moved past the last batch's (spec §1.3);
+    // never for the first batch of a run.
+    let mut no_data_due = false;
     let mut prev_trigger_start: Option<Instant> = None;
     let mut trigger_no: u64 = 0;
     loop {
@@ -352,18 +593,24 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                     last_log = Some(k);
                 }
                 durations.insert("latestOffset".into(), t.elapsed().as_millis() as u64);
+                let has_data = last_log.is_some() && last_log != committed_end;
                 match last_log {
-                    Some(end) if Some(end) != committed_end => {
+                    Some(end) if has_data || no_data_due => {
                         let t = Instant::now();
-                        let timestamp_ms = Utc::now().timestamp_millis();
                         let seq = OffsetSeq {
                             metadata: OffsetMetadata {
-                                batch_watermark_ms: 0,
-                                batch_timestamp_ms: timestamp_ms,
-                                conf: BTreeMap::from([(
-                                    "spark.sql.streaming.multipleWatermarkPolicy".to_string(),
-                                    "min".to_string(),
-                                )]),
+                                batch_watermark_ms: global_wm,
+                                batch_timestamp_ms: Utc::now().timestamp_millis(),
+                                conf: BTreeMap::from([
+                                    (
+                                        "spark.sql.streaming.multipleWatermarkPolicy".to_string(),
+                                        "min".to_string(),
+                                    ),
+                                    (
+                                        "spark.sql.shuffle.partitions".to_string(),
+                                        runner.def.state_partitions.to_string(),
+                                    ),
+                                ]),
                             },
                             offsets: vec![offset_json(Some(end))],
                         };
@@ -375,6 +622,8 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                             id: next_batch,
                             start: committed_end,
                             end,
+                            watermark_ms: global_wm,
+                            late_watermark_ms: last_batch_wm,
                         })
                     }
                     _ => None,
@@ -394,12 +643,19 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                 wait(&mut task.stop, &task.wake, wait_until).await;
             }
             Some(b) => {
-                let (rows_in, rows_out) = runner.run_batch(&b, &log, &mut durations).await?;
+                let stats = runner.run_batch(&b, &log, &mut durations).await?;
+                // The watermark moves at the end of the batch (spec §2.2).
+                if let Some(wm) = &runner.shape.watermark
+                    && stats.event_time.count > 0
+                {
+                    let candidate = stats.event_time.max.div_euclid(1000) - delay_ms(wm);
+                    global_wm = global_wm.max(candidate).max(0);
+                }
                 let t = Instant::now();
                 runner.ckpt.write_commit(
                     b.id,
                     &CommitEntry {
-                        next_batch_watermark_ms: 0,
+                        next_batch_watermark_ms: global_wm,
                     },
                 )?;
                 durations.insert("commitOffsets".into(), t.elapsed().as_millis() as u64);
@@ -410,13 +666,14 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                     trigger_wall,
                     elapsed,
                     prev_trigger_start.map(|p| trigger_start.duration_since(p)),
-                    rows_in,
-                    rows_out,
+                    stats,
                     durations,
                 );
                 prev_trigger_start = Some(trigger_start);
                 committed_end = Some(b.end);
                 next_batch = b.id + 1;
+                last_batch_wm = b.watermark_ms;
+                no_data_due = wants_no_data && global_wm > b.watermark_ms;
                 if trigger == Trigger::Once {
                     return Ok(Outcome::Finished);
                 }
@@ -426,6 +683,19 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
             }
         }
     }
+}
+
+/// The schema of a query's stateless part (the aggregate's input).
+async fn stateless_schema(ctx: &SessionContext, sql: &str, stream: &StreamDef) -> Result<Schema> {
+    let name = datafusion::common::TableReference::bare(stream.name.clone());
+    ctx.deregister_table(name.clone())?;
+    ctx.register_table(
+        name,
+        Arc::new(MemTable::try_new(stream.schema(), vec![vec![]])?),
+    )?;
+    let plan = ctx.sql(sql).await?.into_unoptimized_plan();
+    let pre = stateless_part(&plan).ok_or_else(|| Error::Internal("no aggregate".into()))?;
+    Ok(pre.schema().as_arrow().clone())
 }
 
 /// Sleeps until `until`, or until a stop request or a `FLUSH` wake-up.
@@ -441,22 +711,25 @@ async fn wait(stop: &mut watch::Receiver<Option<StopReason>>, wake: &Notify, unt
 }
 
 impl Runner {
-    /// Reads the batch's files, runs the query, commits to the sink. Returns (rows in, rows out).
+    /// Reads the batch's files, runs the query, commits state and sink.
     async fn run_batch(
-        &self,
+        &mut self,
         b: &PlannedBatch,
         log: &crate::checkpoint::FileSourceLog,
         durations: &mut BTreeMap<String, u64>,
-    ) -> Result<(u64, u64)> {
+    ) -> Result<BatchStats> {
+        let mut stats = BatchStats::default();
         let t = Instant::now();
         let first = b.start.map_or(0, |s| s + 1);
         let mut files = Vec::new();
-        for k in first..=b.end {
-            files.extend(log.entry(k)?);
+        if b.start != Some(b.end) {
+            for k in first..=b.end {
+                files.extend(log.entry(k)?);
+            }
         }
         let input =
             read_files(&self.source, files.iter().map(|f| f.path.clone()).collect()).await?;
-        let rows_in: u64 = input.iter().map(|b| b.num_rows() as u64).sum();
+        stats.rows_in = input.iter().map(|b| b.num_rows() as u64).sum();
         durations.insert("getBatch".into(), t.elapsed().as_millis() as u64);
 
         let t = Instant::now();
@@ -464,20 +737,54 @@ impl Runner {
         let name = datafusion::common::TableReference::bare(self.stream_name.clone());
         self.ctx.deregister_table(name.clone())?;
         self.ctx.register_table(name, Arc::new(table))?;
-        let df = self.ctx.sql(&self.def.query).await?;
+        let df = self.ctx.sql(&self.shape.sql).await?;
         durations.insert("queryPlanning".into(), t.elapsed().as_millis() as u64);
 
         let t = Instant::now();
-        let out = df.collect().await?;
+        let out = match self.operator.as_mut() {
+            None => df.collect().await?,
+            Some(op) => {
+                let plan = df.into_unoptimized_plan();
+                let pre = stateless_part(&plan)
+                    .ok_or_else(|| Error::Internal("no aggregate in the batch plan".into()))?;
+                let pre_rows = self.ctx.execute_logical_plan(pre).await?.collect().await?;
+                if let Some(wm) = &self.shape.watermark {
+                    for r in &pre_rows {
+                        if let Ok(i) = r.schema().index_of(&wm.column) {
+                            stats.event_time.add_column(r.column(i))?;
+                        }
+                    }
+                }
+                let mut agg = op
+                    .process(pre_rows, b.late_watermark_ms * 1000, b.watermark_ms * 1000)
+                    .await?;
+                let emitted = std::mem::take(&mut agg.emitted);
+                // Batch N commits state version N + 1.
+                let metrics = op.commit(b.id + 1)?;
+                let above = part_above(&plan, emitted)?;
+                let rows = self
+                    .ctx
+                    .execute_logical_plan(above)
+                    .await?
+                    .collect()
+                    .await?;
+                stats.state = Some((metrics, agg));
+                rows
+            }
+        };
         let out = out
             .into_iter()
             .filter(|b| b.num_rows() > 0)
-            .map(|b| conform(&b, &self.sink_schema))
+            .map(|b| conform(&b, &self.shape.schema))
             .collect::<Result<Vec<_>>>()?;
-        let rows_out: u64 = out.iter().map(|b| b.num_rows() as u64).sum();
+        stats.rows_out = out.iter().map(|b| b.num_rows() as u64).sum();
         crate::testing::crash_point("before_sink_commit");
         let app_id = self.ckpt.id.to_string();
-        match self.sink.add_batch(&app_id, b.id, out).await? {
+        match self
+            .sink
+            .add_batch(&app_id, b.id, out, &self.shape.schema, &self.write_mode)
+            .await?
+        {
             SinkCommit::Committed { version } => {
                 tracing::debug!(sink = %self.def.name, batch = b.id, version, "delta commit");
             }
@@ -487,38 +794,66 @@ impl Runner {
         }
         crate::testing::crash_point("after_sink_commit");
         durations.insert("addBatch".into(), t.elapsed().as_millis() as u64);
-        Ok((rows_in, rows_out))
+        Ok(stats)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn report(
         &self,
         b: &PlannedBatch,
         trigger_wall: chrono::DateTime<Utc>,
         elapsed: Duration,
         since_prev_trigger: Option<Duration>,
-        rows_in: u64,
-        rows_out: u64,
+        stats: BatchStats,
         duration_ms: BTreeMap<String, u64>,
     ) {
+        let rows_in = stats.rows_in;
         let processing_s = (elapsed.as_millis().max(1)) as f64 / 1000.0;
         let processed = round_rate(rows_in as f64 / processing_s);
         let input_rate = match since_prev_trigger {
             Some(d) if d.as_millis() > 0 => round_rate(rows_in as f64 / d.as_secs_f64()),
             _ => 0.0,
         };
+        let ts = |us: i64| chrono::DateTime::from_timestamp_micros(us).unwrap_or_default();
+        let event_time = self.shape.watermark.as_ref().map(|_| {
+            let e = &stats.event_time;
+            // Spark keeps event-time statistics in milliseconds.
+            let ms = |us: i64| ts(us.div_euclid(1000) * 1000);
+            EventTimeProgress {
+                avg: e.avg().map(ms),
+                max: (e.count > 0).then(|| ms(e.max)),
+                min: (e.count > 0).then(|| ms(e.min)),
+                watermark: ts(b.watermark_ms * 1000),
+            }
+        });
+        let state_operators = match &stats.state {
+            None => vec![],
+            Some((m, agg)) => vec![StateOperatorProgress {
+                operator_name: "stateStoreSave".into(),
+                num_rows_total: m.rows_total,
+                num_rows_updated: agg.rows_updated,
+                all_updates_time_ms: agg.all_updates_ms,
+                num_rows_removed: agg.rows_removed,
+                all_removals_time_ms: agg.all_removals_ms,
+                commit_time_ms: m.commit_ms,
+                memory_used_bytes: m.memory_bytes,
+                num_rows_dropped_by_watermark: agg.dropped_late,
+                num_shuffle_partitions: self.def.state_partitions,
+                num_state_store_instances: self.def.state_partitions,
+            }],
+        };
         let progress = Progress {
             id: self.ckpt.id,
             run_id: self.run_id,
             name: self.def.name.clone(),
-            timestamp: format_ts(trigger_wall),
+            timestamp: trigger_wall,
             batch_id: b.id,
             batch_duration: elapsed.as_millis() as u64,
             num_input_rows: rows_in,
             input_rows_per_second: input_rate,
             processed_rows_per_second: processed,
             duration_ms,
-            state_operators: vec![],
+            event_time,
+            state_operators,
             sources: vec![SourceProgress {
                 description: format!("FileStreamSource[file:{}]", self.source.path.display()),
                 start_offset: offset_json(b.start),
@@ -530,7 +865,7 @@ impl Runner {
             }],
             sink: SinkProgress {
                 description: format!("DeltaSink[{}]", self.def.path.display()),
-                num_output_rows: rows_out as i64,
+                num_output_rows: stats.rows_out as i64,
             },
         };
         tracing::info!(

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{
-    ArrayRef, Float64Builder, Int64Builder, RecordBatch, StringBuilder, TimestampMicrosecondBuilder,
+    ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use datafusion::catalog::Session;
@@ -15,7 +15,7 @@ use datafusion::error::DataFusionError;
 use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::ExecutionPlan;
 
-use super::progress::{Progress, QueryStatus, Registry};
+use super::progress::{Progress, QueryStatus, Registry, StateOperatorProgress};
 use crate::error::Error;
 use crate::source::file::FileSourceConfig;
 
@@ -152,30 +152,26 @@ pub fn queries_batch(
     statuses: &[QueryStatus],
     schema: &SchemaRef,
 ) -> datafusion::error::Result<RecordBatch> {
-    let mut name = StringBuilder::new();
-    let mut id = StringBuilder::new();
-    let mut run_id = StringBuilder::new();
-    let mut status = StringBuilder::new();
-    let mut last_batch = Int64Builder::new();
-    let mut last_at = TimestampMicrosecondBuilder::new().with_timezone("UTC");
-    let mut error = StringBuilder::new();
-    for s in statuses {
-        name.append_value(&s.name);
-        id.append_option(s.id.map(|u| u.to_string()));
-        run_id.append_option(s.run_id.map(|u| u.to_string()));
-        status.append_value(s.status.as_str());
-        last_batch.append_option(s.last_batch_id.map(|b| b as i64));
-        last_at.append_option(s.last_progress_at.map(|t| t.timestamp_micros()));
-        error.append_option(s.error.as_deref());
-    }
+    let text = |f: &dyn Fn(&QueryStatus) -> Option<String>| -> ArrayRef {
+        Arc::new(StringArray::from_iter(statuses.iter().map(f)))
+    };
     let cols: Vec<ArrayRef> = vec![
-        Arc::new(name.finish()),
-        Arc::new(id.finish()),
-        Arc::new(run_id.finish()),
-        Arc::new(status.finish()),
-        Arc::new(last_batch.finish()),
-        Arc::new(last_at.finish()),
-        Arc::new(error.finish()),
+        text(&|s| Some(s.name.clone())),
+        text(&|s| s.id.map(|u| u.to_string())),
+        text(&|s| s.run_id.map(|u| u.to_string())),
+        text(&|s| Some(s.status.as_str().to_string())),
+        Arc::new(Int64Array::from_iter(
+            statuses.iter().map(|s| s.last_batch_id.map(|b| b as i64)),
+        )),
+        Arc::new(
+            TimestampMicrosecondArray::from_iter(
+                statuses
+                    .iter()
+                    .map(|s| s.last_progress_at.map(|t| t.timestamp_micros())),
+            )
+            .with_timezone("UTC"),
+        ),
+        text(&|s| s.error.clone()),
     ];
     Ok(RecordBatch::try_new(schema.clone(), cols)?)
 }
@@ -196,6 +192,13 @@ pub fn progress_schema() -> SchemaRef {
         Field::new("source_start_offset", DataType::Utf8, true),
         Field::new("source_end_offset", DataType::Utf8, true),
         Field::new("sink_output_rows", DataType::Int64, false),
+        Field::new("watermark", ts_type(), true),
+        Field::new("event_time_min", ts_type(), true),
+        Field::new("event_time_max", ts_type(), true),
+        Field::new("rows_dropped_by_watermark", DataType::Int64, true),
+        Field::new("state_rows_total", DataType::Int64, true),
+        Field::new("state_rows_updated", DataType::Int64, true),
+        Field::new("state_rows_removed", DataType::Int64, true),
         Field::new("progress", DataType::Utf8, false),
     ]))
 }
@@ -205,61 +208,66 @@ pub fn progress_batch(
     reports: &[Progress],
     schema: &SchemaRef,
 ) -> datafusion::error::Result<RecordBatch> {
-    let mut name = StringBuilder::new();
-    let mut id = StringBuilder::new();
-    let mut run_id = StringBuilder::new();
-    let mut batch_id = Int64Builder::new();
-    let mut ts = TimestampMicrosecondBuilder::new().with_timezone("UTC");
-    let mut duration = Int64Builder::new();
-    let mut rows = Int64Builder::new();
-    let mut in_rate = Float64Builder::new();
-    let mut proc_rate = Float64Builder::new();
-    let mut phases = StringBuilder::new();
-    let mut start = StringBuilder::new();
-    let mut end = StringBuilder::new();
-    let mut out_rows = Int64Builder::new();
-    let mut json = StringBuilder::new();
-    for p in reports {
-        name.append_value(&p.name);
-        id.append_value(p.id.to_string());
-        run_id.append_value(p.run_id.to_string());
-        batch_id.append_value(p.batch_id as i64);
-        let t = chrono::DateTime::parse_from_rfc3339(&p.timestamp)
-            .map(|t| t.timestamp_micros())
-            .unwrap_or(0);
-        ts.append_value(t);
-        duration.append_value(p.batch_duration as i64);
-        rows.append_value(p.num_input_rows as i64);
-        in_rate.append_value(p.input_rows_per_second);
-        proc_rate.append_value(p.processed_rows_per_second);
-        phases.append_value(serde_json::to_string(&p.duration_ms).unwrap_or_default());
-        let src = p.sources.first();
-        start.append_option(
-            src.and_then(|s| s.start_offset.as_ref())
-                .map(|v| v.to_string()),
-        );
-        end.append_option(
-            src.and_then(|s| s.end_offset.as_ref())
-                .map(|v| v.to_string()),
-        );
-        out_rows.append_value(p.sink.num_output_rows);
-        json.append_value(p.to_json());
-    }
+    let text = |f: &dyn Fn(&Progress) -> Option<String>| -> ArrayRef {
+        Arc::new(StringArray::from_iter(reports.iter().map(f)))
+    };
+    let int = |f: &dyn Fn(&Progress) -> i64| -> ArrayRef {
+        Arc::new(Int64Array::from_iter_values(reports.iter().map(f)))
+    };
+    let float = |f: &dyn Fn(&Progress) -> f64| -> ArrayRef {
+        Arc::new(Float64Array::from_iter_values(reports.iter().map(f)))
+    };
+    let time = |f: &dyn Fn(&Progress) -> Option<chrono::DateTime<chrono::Utc>>| -> ArrayRef {
+        Arc::new(
+            TimestampMicrosecondArray::from_iter(
+                reports.iter().map(|p| f(p).map(|t| t.timestamp_micros())),
+            )
+            .with_timezone("UTC"),
+        )
+    };
+    let state = |f: &dyn Fn(&StateOperatorProgress) -> u64| -> ArrayRef {
+        Arc::new(Int64Array::from_iter(
+            reports
+                .iter()
+                .map(|p| p.state_operators.first().map(|s| f(s) as i64)),
+        ))
+    };
+    let offset = |p: &Progress, start: bool| {
+        let src = p.sources.first()?;
+        let o = if start {
+            &src.start_offset
+        } else {
+            &src.end_offset
+        };
+        o.as_ref().map(|v| v.to_string())
+    };
     let cols: Vec<ArrayRef> = vec![
-        Arc::new(name.finish()),
-        Arc::new(id.finish()),
-        Arc::new(run_id.finish()),
-        Arc::new(batch_id.finish()),
-        Arc::new(ts.finish()),
-        Arc::new(duration.finish()),
-        Arc::new(rows.finish()),
-        Arc::new(in_rate.finish()),
-        Arc::new(proc_rate.finish()),
-        Arc::new(phases.finish()),
-        Arc::new(start.finish()),
-        Arc::new(end.finish()),
-        Arc::new(out_rows.finish()),
-        Arc::new(json.finish()),
+        text(&|p| Some(p.name.clone())),
+        text(&|p| Some(p.id.to_string())),
+        text(&|p| Some(p.run_id.to_string())),
+        int(&|p| p.batch_id as i64),
+        Arc::new(
+            TimestampMicrosecondArray::from_iter_values(
+                reports.iter().map(|p| p.timestamp.timestamp_micros()),
+            )
+            .with_timezone("UTC"),
+        ),
+        int(&|p| p.batch_duration as i64),
+        int(&|p| p.num_input_rows as i64),
+        float(&|p| p.input_rows_per_second),
+        float(&|p| p.processed_rows_per_second),
+        text(&|p| serde_json::to_string(&p.duration_ms).ok()),
+        text(&|p| offset(p, true)),
+        text(&|p| offset(p, false)),
+        int(&|p| p.sink.num_output_rows),
+        time(&|p| p.event_time.as_ref().map(|e| e.watermark)),
+        time(&|p| p.event_time.as_ref().and_then(|e| e.min)),
+        time(&|p| p.event_time.as_ref().and_then(|e| e.max)),
+        state(&|s| s.num_rows_dropped_by_watermark),
+        state(&|s| s.num_rows_total),
+        state(&|s| s.num_rows_updated),
+        state(&|s| s.num_rows_removed),
+        text(&|p| Some(p.to_json())),
     ];
     Ok(RecordBatch::try_new(schema.clone(), cols)?)
 }

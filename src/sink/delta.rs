@@ -36,6 +36,27 @@ pub struct DeltaSink {
     table: Mutex<Option<DeltaTable>>,
 }
 
+/// How a batch's rows go into the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteMode {
+    /// Add the rows (append mode).
+    Append,
+    /// Replace the table's rows with these (complete mode).
+    Overwrite,
+    /// Upsert by these key columns (update mode): a MERGE in the same transaction.
+    Merge { keys: Vec<String> },
+}
+
+impl WriteMode {
+    fn spark_name(&self) -> &'static str {
+        match self {
+            WriteMode::Append => "Append",
+            WriteMode::Overwrite => "Complete",
+            WriteMode::Merge { .. } => "Update",
+        }
+    }
+}
+
 /// What [`DeltaSink::add_batch`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SinkCommit {
@@ -95,13 +116,15 @@ impl DeltaSink {
             .map_err(|e| delta_err(&self.path, e))
     }
 
-    /// Appends a batch's rows in one commit tagged `(app_id, batch_id)`, unless the table
+    /// Writes a batch's rows in one commit tagged `(app_id, batch_id)`, unless the table
     /// already holds that batch.
     pub async fn add_batch(
         &self,
         app_id: &str,
         batch_id: BatchId,
-        batches: Vec<RecordBatch>,
+        mut batches: Vec<RecordBatch>,
+        schema: &SchemaRef,
+        mode: &WriteMode,
     ) -> Result<SinkCommit> {
         if let Some(v) = self.committed_batch(app_id).await?
             && v >= batch_id as i64
@@ -117,13 +140,73 @@ impl DeltaSink {
                     "epochId".to_string(),
                     serde_json::json!(batch_id.to_string()),
                 ),
-                ("outputMode".to_string(), serde_json::json!("Append")),
+                (
+                    "outputMode".to_string(),
+                    serde_json::json!(mode.spark_name()),
+                ),
             ]);
-        let result = table
-            .write(batches)
-            .with_save_mode(SaveMode::Append)
-            .with_commit_properties(props)
-            .await;
+        if batches.is_empty() && !matches!(mode, WriteMode::Merge { .. }) {
+            // Spark commits every batch, empty and no-data ones too (spec §11.2); delta-rs
+            // needs at least one batch to write.
+            batches.push(RecordBatch::new_empty(schema.clone()));
+        }
+        let result = match mode {
+            WriteMode::Append | WriteMode::Overwrite => {
+                let save = if *mode == WriteMode::Append {
+                    SaveMode::Append
+                } else {
+                    SaveMode::Overwrite
+                };
+                table
+                    .write(batches)
+                    .with_save_mode(save)
+                    .with_commit_properties(props)
+                    .await
+            }
+            WriteMode::Merge { keys } => {
+                let Some(first) = batches.first() else {
+                    // Nothing to upsert; a replay would write nothing either.
+                    return Ok(SinkCommit::Committed {
+                        version: table.version().map_or(-1, |v| v as i64),
+                    });
+                };
+                let schema = first.schema();
+                let source = datafusion::prelude::SessionContext::new()
+                    .read_batches(batches)
+                    .map_err(|e| delta_err(&self.path, e))?;
+                let quote = |c: &str| format!("\"{}\"", c.replace('"', "\"\""));
+                let predicate = keys
+                    .iter()
+                    .map(|k| format!("t.{0} IS NOT DISTINCT FROM s.{0}", quote(k)))
+                    .collect::<Vec<_>>()
+                    .join(" AND ");
+                let columns: Vec<String> =
+                    schema.fields().iter().map(|f| f.name().clone()).collect();
+                let updates: Vec<&String> = columns.iter().filter(|c| !keys.contains(c)).collect();
+                table
+                    .merge(source, predicate.as_str())
+                    .with_source_alias("s")
+                    .with_target_alias("t")
+                    .when_matched_update(|mut u| {
+                        for c in &updates {
+                            u = u.update(quote(c).as_str(), format!("s.{}", quote(c)).as_str());
+                        }
+                        u
+                    })
+                    .and_then(|m| {
+                        m.when_not_matched_insert(|mut i| {
+                            for c in &columns {
+                                i = i.set(quote(c).as_str(), format!("s.{}", quote(c)).as_str());
+                            }
+                            i
+                        })
+                    })
+                    .map(|m| m.with_commit_properties(props))
+                    .map_err(|e| delta_err(&self.path, e))?
+                    .await
+                    .map(|(t, _metrics)| t)
+            }
+        };
         let mut guard = self.table.lock().await;
         match result {
             Ok(t) => {

@@ -101,8 +101,101 @@ fn is_tidemark(words: &[String]) -> bool {
     }
 }
 
+/// Rewrites Spark's references to the window column of a `GROUP BY window(...)` query —
+/// `window.start`, `window.end`, `window` — into expressions DataFusion can plan:
+/// `get_field(window(...), 'start')` and the call itself. Bare `window.start` in the
+/// select list keeps Spark's column name (`start`). Other queries are returned unchanged.
+pub fn expand_window_refs(query: &str) -> crate::error::Result<String> {
+    use datafusion::sql::sqlparser::ast::{
+        Expr, GroupByExpr, Ident, SelectItem, SetExpr, Statement, visit_expressions_mut,
+    };
+    use datafusion::sql::sqlparser::parser::Parser;
+    use std::ops::ControlFlow;
+
+    let dialect = PostgreSqlDialect {};
+    let mut stmts = Parser::parse_sql(&dialect, query)?;
+    let window = match stmts.first() {
+        Some(Statement::Query(q)) => match q.body.as_ref() {
+            SetExpr::Select(select) => match &select.group_by {
+                GroupByExpr::Expressions(exprs, _) => exprs
+                    .iter()
+                    .find(|e| {
+                        matches!(e, Expr::Function(f)
+                            if f.name.to_string().eq_ignore_ascii_case("window"))
+                    })
+                    .cloned(),
+                _ => None,
+            },
+            _ => None,
+        },
+        _ => None,
+    };
+    let Some(window) = window else {
+        return Ok(query.to_string());
+    };
+    let field = |name: &str| -> crate::error::Result<Expr> {
+        let text = format!("get_field({window}, '{name}')");
+        Ok(Parser::new(&dialect).try_with_sql(&text)?.parse_expr()?)
+    };
+    let (start, end) = (field("start")?, field("end")?);
+    // Keep Spark's names for bare references in the select list.
+    if let Some(Statement::Query(q)) = stmts.first_mut()
+        && let SetExpr::Select(select) = q.body.as_mut()
+    {
+        for item in &mut select.projection {
+            if let SelectItem::UnnamedExpr(Expr::CompoundIdentifier(parts)) = item
+                && parts.len() == 2
+                && parts[0].value.eq_ignore_ascii_case("window")
+            {
+                let alias = parts[1].value.to_ascii_lowercase();
+                *item = SelectItem::ExprWithAlias {
+                    expr: Expr::CompoundIdentifier(parts.clone()),
+                    alias: Ident::new(alias),
+                };
+            }
+        }
+    }
+    let _ = visit_expressions_mut(&mut stmts, |e| {
+        match e {
+            Expr::CompoundIdentifier(parts)
+                if parts.len() == 2 && parts[0].value.eq_ignore_ascii_case("window") =>
+            {
+                match parts[1].value.to_ascii_lowercase().as_str() {
+                    "start" => *e = start.clone(),
+                    "end" => *e = end.clone(),
+                    _ => {}
+                }
+            }
+            Expr::Identifier(id) if id.value.eq_ignore_ascii_case("window") => {
+                *e = window.clone();
+            }
+            _ => {}
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    Ok(stmts[0].to_string())
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn window_references_become_fields_of_the_group_by_window() {
+        let q = super::expand_window_refs(
+            "SELECT window.start AS ws, window.end, page, count(*) FROM clicks \
+             GROUP BY window(event_time, '5 minutes'), page HAVING max(window.start) > 0",
+        )
+        .unwrap();
+        assert_eq!(
+            q,
+            "SELECT get_field(window(event_time, '5 minutes'), 'start') AS ws, \
+             get_field(window(event_time, '5 minutes'), 'end') AS end, page, count(*) \
+             FROM clicks GROUP BY window(event_time, '5 minutes'), page \
+             HAVING max(get_field(window(event_time, '5 minutes'), 'start')) > 0"
+        );
+        let plain = "SELECT a FROM t GROUP BY a";
+        assert_eq!(super::expand_window_refs(plain).unwrap(), plain);
+    }
+
     use super::*;
 
     #[test]

@@ -185,21 +185,23 @@ impl std::fmt::Display for Trigger {
     }
 }
 
-/// Formats a duration with the largest unit that divides it.
+/// Formats a duration with the largest unit that divides it: `30 seconds`, `1 minute`.
 pub fn format_duration(d: Duration) -> String {
     let us = d.as_micros();
     for (unit, size) in [
-        ("days", 86_400_000_000u128),
-        ("hours", 3_600_000_000),
-        ("minutes", 60_000_000),
-        ("seconds", 1_000_000),
-        ("milliseconds", 1_000),
+        ("day", 86_400_000_000u128),
+        ("hour", 3_600_000_000),
+        ("minute", 60_000_000),
+        ("second", 1_000_000),
+        ("millisecond", 1_000),
+        ("microsecond", 1),
     ] {
         if us >= size && us.is_multiple_of(size) {
-            return format!("{} {unit}", us / size);
+            let n = us / size;
+            return format!("{n} {unit}{}", if n == 1 { "" } else { "s" });
         }
     }
-    format!("{us} microseconds")
+    "0 seconds".to_string()
 }
 
 mod duration_ms {
@@ -270,6 +272,11 @@ mod tests {
         assert_eq!(
             Trigger::ProcessingTime(Duration::from_secs(30)).to_string(),
             "processing_time 30 seconds"
+        );
+        assert_eq!(format_duration(Duration::from_secs(60)), "1 minute");
+        assert_eq!(
+            format_duration(Duration::from_millis(1500)),
+            "1500 milliseconds"
         );
     }
 }

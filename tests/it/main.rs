@@ -2,5 +2,6 @@
 
 mod crash;
 mod harness;
+mod run;
 mod slt;
 mod wire;

@@ -147,5 +147,27 @@ async fn extended_protocol_types_errors_and_psql() {
     } else {
         eprintln!("psql is not installed: skipping the psql part (.ci/run installs it)");
     }
+    // psycopg 3 (extended protocol, transactions, binary results), when installed.
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/psycopg_check.py");
+    let has_psycopg = std::process::Command::new("python3")
+        .args(["-c", "import psycopg"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if has_psycopg {
+        let out = std::process::Command::new("python3")
+            .arg(script)
+            .arg(server.port.to_string())
+            .arg(&landing)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "psycopg check failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    } else {
+        eprintln!("psycopg is not installed: skipping the psycopg part (.ci/run installs it)");
+    }
     server.stop().await;
 }

@@ -1,0 +1,824 @@
+//! Incremental aggregation with event-time windows, watermarks and output modes
+//! (spec §3, §4, §5.4).
+//!
+//! A sink's query is planned by DataFusion; its one `Aggregate` node splits it in three:
+//!
+//! - the **stateless part** below the aggregate, run over each batch's rows;
+//! - the **stateful operator** ([`AggregateOperator`]): window assignment, the late-row
+//!   filter, a Partial aggregation of the batch, merged (PartialReduce) with the stored
+//!   partial states of the groups it touched, and the emit rule of the output mode, which
+//!   runs Final over the groups to emit. State is the aggregates' partial state
+//!   (DataFusion accumulators' `state`), never raw rows.
+//! - the **part above** (projection, HAVING, ORDER BY in complete mode), run over the
+//!   emitted groups by putting them where the `Aggregate` was.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StructArray};
+use datafusion::arrow::compute::{cast, concat_batches, filter_record_batch};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, TimeUnit};
+use datafusion::arrow::row::{RowConverter, SortField};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{Column, DFSchema, ScalarValue};
+use datafusion::datasource::MemTable;
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, col};
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode, PhysicalGroupBy};
+use datafusion::physical_plan::udaf::AggregateFunctionExpr;
+use datafusion::physical_plan::{ExecutionPlan, PhysicalExpr, collect};
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+use super::window::{WINDOW_END, WINDOW_START, WindowSpec, assign, spec_from_args, window_type};
+use crate::error::{Error, Result};
+use crate::state::{StateMetrics, StateStore};
+
+/// Spark's output modes (spec §5.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputMode {
+    Append,
+    Update,
+    Complete,
+}
+
+impl OutputMode {
+    pub fn parse(s: &str) -> Result<OutputMode> {
+        match s.to_ascii_lowercase().as_str() {
+            "append" => Ok(OutputMode::Append),
+            "update" => Ok(OutputMode::Update),
+            "complete" => Ok(OutputMode::Complete),
+            other => Err(Error::InvalidOption {
+                message: format!("invalid output_mode \"{other}\""),
+                hint: Some("Use 'append', 'update' or 'complete'.".into()),
+            }),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputMode::Append => "append",
+            OutputMode::Update => "update",
+            OutputMode::Complete => "complete",
+        }
+    }
+}
+
+/// The window of a `GROUP BY window(...)`.
+#[derive(Debug, Clone)]
+pub struct WindowKey {
+    pub spec: WindowSpec,
+    /// The time column, in the stateless part's output.
+    pub time_column: String,
+    /// Its position among the group expressions.
+    pub position: usize,
+}
+
+/// The time that decides when a group is late and when it is final.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyTime {
+    /// `window.end` of a window over the watermarked column.
+    Window,
+    /// A group key that is the watermarked column itself (its index among the keys).
+    Column(usize),
+}
+
+/// What [`analyze`] learns about a query's aggregation.
+#[derive(Debug, Clone)]
+pub struct AggregateInfo {
+    pub window: Option<WindowKey>,
+    /// The group expressions other than the window, columns unqualified.
+    pub keys: Vec<Expr>,
+    /// The aggregate expressions, columns unqualified.
+    pub aggregates: Vec<Expr>,
+    /// The group expressions as written, for EXPLAIN.
+    pub group_names: Vec<String>,
+    /// How lateness and eviction are judged; `None` = never.
+    pub key_time: Option<KeyTime>,
+    /// The watermarked column, if the query has a watermark.
+    pub watermark_column: Option<String>,
+    /// Output columns that identify a group (for update mode's MERGE), if complete.
+    pub output_keys: Option<Vec<String>>,
+}
+
+fn unqualify(e: &Expr) -> Result<Expr> {
+    Ok(e.clone()
+        .transform(|e| match e {
+            Expr::Column(c) => Ok(Transformed::yes(Expr::Column(Column::new_unqualified(
+                c.name,
+            )))),
+            other => Ok(Transformed::no(other)),
+        })?
+        .data)
+}
+
+fn literal(e: &Expr) -> Option<ScalarValue> {
+    match e.clone().unalias() {
+        Expr::Literal(v, _) => Some(v),
+        Expr::Cast(c) => literal(&c.expr),
+        _ => None,
+    }
+}
+
+/// Finds the query's aggregation and checks it against Spark's rules for `mode`
+/// (spec §5.2–5.3). `Ok(None)`: a stateless query.
+pub fn analyze(
+    plan: &LogicalPlan,
+    watermark_column: Option<&str>,
+    mode: OutputMode,
+) -> Result<Option<AggregateInfo>> {
+    let mut aggregates = Vec::new();
+    plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::Aggregate(a) = node {
+            aggregates.push(a.clone());
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    // Sorting is allowed only after an aggregation in complete mode (rule 14).
+    let mut sorted = false;
+    plan.apply(|node| {
+        if matches!(node, LogicalPlan::Sort(_)) {
+            sorted = true;
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    if sorted && (mode != OutputMode::Complete || aggregates.is_empty()) {
+        return Err(Error::Unsupported {
+            message: "ORDER BY on a stream is supported only after an aggregation in complete \
+                      output mode"
+                .into(),
+            hint: Some("Use output_mode = 'complete', or sort when you read the table.".into()),
+        });
+    }
+    let agg = match aggregates.len() {
+        0 => {
+            if mode == OutputMode::Complete {
+                return Err(Error::Unsupported {
+                    message: "output mode \"complete\" is not supported when there are no \
+                              streaming aggregations"
+                        .into(),
+                    hint: Some("Use output_mode = 'append' for a query without GROUP BY.".into()),
+                });
+            }
+            return Ok(None);
+        }
+        1 => aggregates.remove(0),
+        _ => {
+            return Err(Error::unsupported(
+                "several aggregations in one sink are not supported yet",
+            ));
+        }
+    };
+    let mut window = None;
+    let mut keys = Vec::new();
+    let mut group_names = Vec::new();
+    for (i, g) in agg.group_expr.iter().enumerate() {
+        group_names.push(g.human_display().to_string());
+        match g.clone().unalias() {
+            Expr::GroupingSet(_) => {
+                return Err(Error::unsupported(
+                    "GROUPING SETS, CUBE and ROLLUP are not supported on streams",
+                ));
+            }
+            Expr::ScalarFunction(f) if f.func.name() == "window" => {
+                if window.is_some() {
+                    return Err(Error::unsupported(
+                        "at most one window() per aggregation (multiTimeWindowExpressions)",
+                    ));
+                }
+                let Expr::Column(time) = &f.args[0] else {
+                    return Err(Error::Unsupported {
+                        message: "window() over an expression cannot carry a watermark".into(),
+                        hint: Some("Use a column as window()'s first argument.".into()),
+                    });
+                };
+                let args = f.args[1..]
+                    .iter()
+                    .map(|a| {
+                        literal(a).ok_or_else(|| {
+                            Error::invalid_option("window durations must be literals")
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                window = Some(WindowKey {
+                    spec: spec_from_args(&args)?,
+                    time_column: time.name.clone(),
+                    position: i,
+                });
+            }
+            Expr::ScalarFunction(f) if f.func.name() == "session_window" => {
+                return Err(Error::unsupported("session windows are not supported yet"));
+            }
+            _ => keys.push(unqualify(g)?),
+        }
+    }
+    let aggregates_exprs = agg
+        .aggr_expr
+        .iter()
+        .map(unqualify)
+        .collect::<Result<Vec<_>>>()?;
+    let key_time = match (&window, watermark_column) {
+        (Some(w), Some(wm)) if w.time_column == wm => Some(KeyTime::Window),
+        (_, Some(wm)) => keys
+            .iter()
+            .position(|k| matches!(k, Expr::Column(c) if c.name == wm))
+            .map(KeyTime::Column),
+        _ => None,
+    };
+    if mode == OutputMode::Append && key_time.is_none() {
+        let time = window
+            .as_ref()
+            .map(|w| w.time_column.clone())
+            .or_else(|| watermark_column.map(str::to_string))
+            .unwrap_or_else(|| "the event time".into());
+        return Err(Error::Unsupported {
+            message: "append output mode is not supported for a streaming aggregation without \
+                      a watermark on a grouping key"
+                .into(),
+            hint: Some(format!(
+                "Add a watermark on {time} (WATERMARK FOR in the stream, or watermark = \
+                 '{time} - 10 minutes' in the sink) and group by a window over it, or use \
+                 output_mode = 'complete'."
+            )),
+        });
+    }
+    let output_keys = find_output_keys(plan, &agg, window.as_ref());
+    if mode == OutputMode::Update && output_keys.is_none() {
+        return Err(Error::Unsupported {
+            message: "update mode into Delta needs every group key in the sink's columns".into(),
+            hint: Some(
+                "Select the GROUP BY columns (and window.start) so rows can be merged by key."
+                    .into(),
+            ),
+        });
+    }
+    Ok(Some(AggregateInfo {
+        window,
+        keys,
+        aggregates: aggregates_exprs,
+        group_names,
+        key_time,
+        watermark_column: watermark_column.map(str::to_string),
+        output_keys,
+    }))
+}
+
+/// The output columns that are group keys: each non-window key selected as is, and the
+/// window's start (or end). `None` if a key is missing.
+fn find_output_keys(
+    plan: &LogicalPlan,
+    agg: &datafusion::logical_expr::Aggregate,
+    window: Option<&WindowKey>,
+) -> Option<Vec<String>> {
+    let mut top = plan;
+    while !matches!(top, LogicalPlan::Projection(_)) {
+        top = top.inputs().first()?;
+    }
+    let LogicalPlan::Projection(p) = top else {
+        return None;
+    };
+    let group_fields: Vec<String> = (0..agg.group_expr.len())
+        .map(|i| agg.schema.field(i).name().clone())
+        .collect();
+    let mut found = vec![false; group_fields.len()];
+    let mut out = Vec::new();
+    for (e, field) in p.expr.iter().zip(p.schema.fields()) {
+        let inner = e.clone().unalias();
+        let hit = match &inner {
+            Expr::Column(c) => group_fields.iter().position(|g| *g == c.name),
+            Expr::ScalarFunction(f) if f.func.name() == "get_field" => {
+                match (&f.args[0], &f.args.get(1)) {
+                    (Expr::Column(c), Some(arg)) => {
+                        let field_name = literal(arg).map(|v| v.to_string()).unwrap_or_default();
+                        window
+                            .filter(|w| group_fields[w.position] == c.name)
+                            .filter(|_| field_name == "start" || field_name == "end")
+                            .map(|w| w.position)
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        if let Some(i) = hit {
+            found[i] = true;
+            out.push(field.name().clone());
+        }
+    }
+    found.iter().all(|f| *f).then_some(out)
+}
+
+/// The stateful window aggregate of one query run.
+pub struct AggregateOperator {
+    info: AggregateInfo,
+    mode: OutputMode,
+    state: Box<dyn StateStore>,
+    /// The schema the Partial aggregation reads: the stateless part's output, plus the
+    /// window columns.
+    input_schema: SchemaRef,
+    group_by: PhysicalGroupBy,
+    aggr: Vec<Arc<AggregateFunctionExpr>>,
+    filters: Vec<Option<Arc<dyn PhysicalExpr>>>,
+    key_columns: usize,
+    converter: RowConverter,
+    ctx: SessionContext,
+}
+
+/// What one batch did.
+#[derive(Debug, Default)]
+pub struct AggregateBatch {
+    /// Rows in the shape of the logical `Aggregate`'s output, to run the part above over.
+    pub emitted: Vec<ArrayRefs>,
+    /// Input rows (one per row and window) dropped as late.
+    pub dropped_late: u64,
+    /// Groups written to state by this batch.
+    pub rows_updated: u64,
+    /// Groups evicted by this batch.
+    pub rows_removed: u64,
+    pub all_updates_ms: u64,
+    pub all_removals_ms: u64,
+}
+
+impl AggregateOperator {
+    /// The partial-state schema and aggregate plan pieces for a stateless part with output
+    /// `pre_schema`.
+    pub async fn plan(
+        info: &AggregateInfo,
+        pre_schema: &Schema,
+    ) -> Result<(
+        SchemaRef,
+        PhysicalGroupBy,
+        Vec<Arc<AggregateFunctionExpr>>,
+        Vec<Option<Arc<dyn PhysicalExpr>>>,
+        SchemaRef,
+    )> {
+        let mut fields: Vec<Field> = pre_schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect();
+        let mut group: Vec<Expr> = Vec::new();
+        if let Some(w) = &info.window {
+            let tz = match pre_schema
+                .field_with_name(&w.time_column)
+                .map(|f| f.data_type().clone())
+            {
+                Ok(DataType::Timestamp(_, tz)) => tz,
+                Ok(other) => {
+                    return Err(Error::invalid_option(format!(
+                        "window() needs a TIMESTAMP column, not {other}"
+                    )));
+                }
+                Err(_) => {
+                    return Err(Error::UndefinedObject {
+                        kind: "column",
+                        name: w.time_column.clone(),
+                    });
+                }
+            };
+            let ts = DataType::Timestamp(TimeUnit::Microsecond, tz);
+            fields.push(Field::new(WINDOW_START, ts.clone(), true));
+            fields.push(Field::new(WINDOW_END, ts, true));
+            group.push(col(WINDOW_START));
+            group.push(col(WINDOW_END));
+        }
+        for (i, k) in info.keys.iter().enumerate() {
+            group.push(k.clone().alias(format!("__key_{i}")));
+        }
+        let input_schema = Arc::new(Schema::new(fields));
+        // Physical expressions bound to the full input schema (the physical planner would
+        // prune columns and bind them to a narrower one).
+        let df_schema = DFSchema::try_from(input_schema.as_ref().clone())?;
+        let state = SessionContext::new().state();
+        let group_exprs = group
+            .iter()
+            .map(|e| {
+                let name = match e {
+                    Expr::Alias(a) => a.name.clone(),
+                    other => other.schema_name().to_string(),
+                };
+                Ok((
+                    state.create_physical_expr(e.clone().unalias(), &df_schema)?,
+                    name,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let group_by = PhysicalGroupBy::new_single(group_exprs);
+        let mut aggr = Vec::new();
+        let mut filters = Vec::new();
+        for e in &info.aggregates {
+            // Deprecated in favour of a builder in a crate DataFusion does not re-export;
+            // it still builds exactly what the planner builds.
+            #[allow(deprecated)]
+            let (a, f, _order) =
+                datafusion::physical_planner::create_aggregate_expr_and_maybe_filter(
+                    e,
+                    &df_schema,
+                    &input_schema,
+                    state.execution_props(),
+                )?;
+            aggr.push(a);
+            filters.push(f);
+        }
+        let partial = AggregateExec::try_new(
+            AggregateMode::Partial,
+            group_by.clone(),
+            aggr.clone(),
+            filters.clone(),
+            MemorySourceConfig::try_new_exec(&[vec![]], input_schema.clone(), None)?,
+            input_schema.clone(),
+        )?;
+        Ok((partial.schema(), group_by, aggr, filters, input_schema))
+    }
+
+    /// Builds the operator over a loaded state store.
+    pub async fn try_new(
+        info: AggregateInfo,
+        mode: OutputMode,
+        pre_schema: &Schema,
+        open_store: impl FnOnce(SchemaRef, usize) -> Result<Box<dyn StateStore>>,
+    ) -> Result<AggregateOperator> {
+        let (state_schema, group_by, aggr, filters, input_schema) =
+            Self::plan(&info, pre_schema).await?;
+        let key_columns = group_by.expr().len();
+        let state = open_store(state_schema.clone(), key_columns)?;
+        let converter = RowConverter::new(
+            state_schema.fields()[..key_columns]
+                .iter()
+                .map(|f| SortField::new(f.data_type().clone()))
+                .collect(),
+        )?;
+        Ok(AggregateOperator {
+            info,
+            mode,
+            state,
+            input_schema,
+            group_by,
+            aggr,
+            filters,
+            key_columns,
+            converter,
+            ctx: SessionContext::new_with_config(SessionConfig::new().with_target_partitions(1)),
+        })
+    }
+
+    pub fn info(&self) -> &AggregateInfo {
+        &self.info
+    }
+
+    pub fn state_mut(&mut self) -> &mut dyn StateStore {
+        self.state.as_mut()
+    }
+
+    /// Whether this operator asks for a no-data batch when the watermark advances (§1.3).
+    pub fn wants_no_data_batches(&self) -> bool {
+        self.info.key_time.is_some() && self.mode != OutputMode::Complete
+    }
+
+    /// Index of the key-time column in state rows, and in input rows.
+    fn key_time_columns(&self) -> Option<(usize, usize)> {
+        let n_pre =
+            self.input_schema.fields().len() - if self.info.window.is_some() { 2 } else { 0 };
+        match self.info.key_time? {
+            KeyTime::Window => Some((1, n_pre + 1)),
+            KeyTime::Column(i) => {
+                let state_idx = i + if self.info.window.is_some() { 2 } else { 0 };
+                let Expr::Column(c) = &self.info.keys[i] else {
+                    return None;
+                };
+                let input_idx = self.input_schema.index_of(&c.name).ok()?;
+                Some((state_idx, input_idx))
+            }
+        }
+    }
+
+    /// Rows of `batch` whose key time is `<= wm_us` (true) or not (false). NULL times are
+    /// never late.
+    fn at_or_before(batch: &RecordBatch, column: usize, wm_us: i64) -> Result<BooleanArray> {
+        let c = cast(
+            batch.column(column),
+            &DataType::Timestamp(TimeUnit::Microsecond, None),
+        )?;
+        let c = cast(&c, &DataType::Int64)?;
+        Ok(c.as_primitive::<Int64Type>()
+            .iter()
+            .map(|v| Some(v.is_some_and(|v| v <= wm_us)))
+            .collect())
+    }
+
+    fn exec_over(
+        &self,
+        batches: Vec<RecordBatch>,
+        schema: &SchemaRef,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(MemorySourceConfig::try_new_exec(
+            &[batches],
+            schema.clone(),
+            None,
+        )?)
+    }
+
+    async fn run(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Vec<RecordBatch>> {
+        Ok(collect(plan, self.ctx.task_ctx())
+            .await?
+            .into_iter()
+            .filter(|b| b.num_rows() > 0)
+            .collect())
+    }
+
+    /// Merges partial states into one row per group.
+    async fn reduce(&self, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+        let schema = self.state.schema();
+        let exec = AggregateExec::try_new(
+            AggregateMode::PartialReduce,
+            self.group_by.as_final(),
+            self.aggr.clone(),
+            vec![None; self.aggr.len()],
+            self.exec_over(batches, &schema)?,
+            self.input_schema.clone(),
+        )?;
+        self.run(Arc::new(exec)).await
+    }
+
+    /// Final values of the given groups.
+    async fn finalize(&self, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+        if batches.iter().all(|b| b.num_rows() == 0) {
+            return Ok(vec![]);
+        }
+        let schema = self.state.schema();
+        let exec = AggregateExec::try_new(
+            AggregateMode::Final,
+            self.group_by.as_final(),
+            self.aggr.clone(),
+            vec![None; self.aggr.len()],
+            self.exec_over(batches, &schema)?,
+            self.input_schema.clone(),
+        )?;
+        self.run(Arc::new(exec)).await
+    }
+
+    fn keys(&self, batch: &RecordBatch) -> Result<Vec<Vec<u8>>> {
+        let rows = self
+            .converter
+            .convert_columns(&batch.columns()[..self.key_columns])?;
+        Ok(rows.iter().map(|r| r.as_ref().to_vec()).collect())
+    }
+
+    fn state_rows(&self) -> Result<RecordBatch> {
+        let schema = self.state.schema();
+        Ok(concat_batches(&schema, &self.state.rows()?)?)
+    }
+
+    /// Runs one batch: `pre_rows` are the stateless part's output. `wm_late_us` judges late
+    /// rows (the previous batch's watermark), `wm_evict_us` closes groups (this batch's).
+    pub async fn process(
+        &mut self,
+        pre_rows: Vec<RecordBatch>,
+        wm_late_us: i64,
+        wm_evict_us: i64,
+    ) -> Result<AggregateBatch> {
+        let mut out = AggregateBatch::default();
+        let started = std::time::Instant::now();
+        let key_time = self.key_time_columns();
+        let late_filter = self.mode != OutputMode::Complete;
+        let mut input = Vec::with_capacity(pre_rows.len());
+        for b in pre_rows {
+            let b = match &self.info.window {
+                Some(w) => {
+                    let idx = b.schema().index_of(&w.time_column)?;
+                    assign(&b, idx, &w.spec)?
+                }
+                None => b,
+            };
+            let b = RecordBatch::try_new(self.input_schema.clone(), b.columns().to_vec())?;
+            let b = match (key_time, late_filter) {
+                (Some((_, col)), true) if wm_late_us > 0 => {
+                    let late = Self::at_or_before(&b, col, wm_late_us)?;
+                    let keep = datafusion::arrow::compute::not(&late)?;
+                    let kept = filter_record_batch(&b, &keep)?;
+                    out.dropped_late += (b.num_rows() - kept.num_rows()) as u64;
+                    kept
+                }
+                _ => b,
+            };
+            if b.num_rows() > 0 {
+                input.push(b);
+            }
+        }
+
+        // Partial aggregation of the batch, merged with the stored state of the groups it touched.
+        let mut merged = Vec::new();
+        if !input.is_empty() {
+            let partial = AggregateExec::try_new(
+                AggregateMode::Partial,
+                self.group_by.clone(),
+                self.aggr.clone(),
+                self.filters.clone(),
+                self.exec_over(input, &self.input_schema.clone())?,
+                self.input_schema.clone(),
+            )?;
+            let partial = self.run(Arc::new(partial)).await?;
+            let mut touched: HashSet<Vec<u8>> = HashSet::new();
+            for b in &partial {
+                touched.extend(self.keys(b)?);
+            }
+            let current = self.state_rows()?;
+            let mask: BooleanArray = self
+                .keys(&current)?
+                .iter()
+                .map(|k| Some(touched.contains(k)))
+                .collect();
+            let mut to_merge = vec![filter_record_batch(&current, &mask)?];
+            to_merge.extend(partial);
+            merged = self.reduce(to_merge).await?;
+            let schema = self.state.schema();
+            let merged_one = concat_batches(&schema, &merged)?;
+            out.rows_updated = merged_one.num_rows() as u64;
+            self.state
+                .apply(&merged_one, &RecordBatch::new_empty(schema))?;
+        }
+        out.all_updates_ms = started.elapsed().as_millis() as u64;
+
+        // Emit, and evict what the watermark has closed.
+        let started = std::time::Instant::now();
+        let schema = self.state.schema();
+        let closed = |this: &Self| -> Result<RecordBatch> {
+            let all = this.state_rows()?;
+            match key_time {
+                Some((col, _)) if wm_evict_us > 0 => {
+                    let mask = Self::at_or_before(&all, col, wm_evict_us)?;
+                    Ok(filter_record_batch(&all, &mask)?)
+                }
+                _ => Ok(RecordBatch::new_empty(all.schema())),
+            }
+        };
+        let finals = match self.mode {
+            OutputMode::Append => {
+                let evict = closed(self)?;
+                out.rows_removed = evict.num_rows() as u64;
+                let finals = self.finalize(vec![evict.clone()]).await?;
+                self.state
+                    .apply(&RecordBatch::new_empty(schema.clone()), &evict)?;
+                finals
+            }
+            OutputMode::Update => {
+                let finals = self.finalize(merged).await?;
+                let evict = closed(self)?;
+                out.rows_removed = evict.num_rows() as u64;
+                self.state
+                    .apply(&RecordBatch::new_empty(schema.clone()), &evict)?;
+                finals
+            }
+            OutputMode::Complete => self.finalize(self.state.rows()?).await?,
+        };
+        out.all_removals_ms = started.elapsed().as_millis() as u64;
+        out.emitted = finals
+            .iter()
+            .map(|b| self.to_aggregate_shape(b))
+            .collect::<Result<_>>()?;
+        Ok(out)
+    }
+
+    /// Commits the state as `version` (batch N commits N + 1).
+    pub fn commit(&mut self, version: u64) -> Result<StateMetrics> {
+        self.state.commit(version)
+    }
+
+    /// Final rows `[window_start, window_end, keys..., aggregates...]` in the shape of the
+    /// logical `Aggregate`: the window as a struct, at its place among the group keys.
+    fn to_aggregate_shape(&self, b: &RecordBatch) -> Result<ArrayRefs> {
+        let mut cols: Vec<ArrayRef> = Vec::new();
+        let mut next = 0;
+        let n_groups = self.info.keys.len() + usize::from(self.info.window.is_some());
+        let window_cols = if self.info.window.is_some() { 2 } else { 0 };
+        for i in 0..n_groups {
+            match &self.info.window {
+                Some(w) if w.position == i => {
+                    let start = b.column(0).clone();
+                    let end = b.column(1).clone();
+                    let DataType::Timestamp(_, tz) = start.data_type().clone() else {
+                        return Err(Error::Internal("window start is not a timestamp".into()));
+                    };
+                    let DataType::Struct(fields) = window_type(tz) else {
+                        return Err(Error::Internal("window type is not a struct".into()));
+                    };
+                    cols.push(Arc::new(StructArray::try_new(
+                        fields,
+                        vec![start, end],
+                        None,
+                    )?));
+                }
+                _ => {
+                    cols.push(b.column(window_cols + next).clone());
+                    next += 1;
+                }
+            }
+        }
+        cols.extend(b.columns()[self.key_columns..].iter().cloned());
+        Ok(cols)
+    }
+}
+
+type ArrayRefs = Vec<ArrayRef>;
+
+/// The stateless part of a plan: the `Aggregate`'s input.
+pub fn stateless_part(plan: &LogicalPlan) -> Option<LogicalPlan> {
+    let mut found = None;
+    let _ = plan.apply(|node| {
+        if let LogicalPlan::Aggregate(a) = node {
+            found = Some(a.input.as_ref().clone());
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
+}
+
+/// The part above: `plan` with its `Aggregate` replaced by the emitted rows.
+pub fn part_above(plan: &LogicalPlan, emitted: Vec<ArrayRefs>) -> Result<LogicalPlan> {
+    let mut agg_schema = None;
+    let _ = plan.apply(|node| {
+        if let LogicalPlan::Aggregate(a) = node {
+            agg_schema = Some(a.schema.clone());
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    let agg_schema = agg_schema.ok_or_else(|| Error::Internal("no aggregate".into()))?;
+    let fields: Vec<Field> = agg_schema
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(i, f)| Field::new(format!("c{i}"), f.data_type().clone(), true))
+        .collect();
+    let schema = Arc::new(Schema::new(fields));
+    let batches = emitted
+        .into_iter()
+        .map(|cols| {
+            let cols = cols
+                .iter()
+                .zip(schema.fields())
+                .map(|(c, f)| {
+                    if c.data_type() == f.data_type() {
+                        Ok(c.clone())
+                    } else {
+                        cast(c, f.data_type()).map_err(Error::from)
+                    }
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok(RecordBatch::try_new(schema.clone(), cols)?)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let table = MemTable::try_new(schema.clone(), vec![batches])?;
+    let exprs: Vec<Expr> = agg_schema
+        .iter()
+        .enumerate()
+        .map(|(i, (q, f))| {
+            col(Column::new(Some("__emitted"), format!("c{i}")))
+                .alias_qualified(q.cloned(), f.name())
+        })
+        .collect();
+    let replacement = LogicalPlanBuilder::scan(
+        "__emitted",
+        datafusion::datasource::provider_as_source(Arc::new(table)),
+        None,
+    )?
+    .project(exprs)?
+    .build()?;
+    let out = plan.clone().transform_up(|node| match node {
+        LogicalPlan::Aggregate(_) => Ok(Transformed::yes(replacement.clone())),
+        other => Ok(Transformed::no(other)),
+    })?;
+    Ok(out.data)
+}
+
+/// Event-time statistics of a batch (spec §12.1 `eventTime`), in microseconds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EventTimeStats {
+    pub min: i64,
+    pub max: i64,
+    pub sum: i128,
+    pub count: u64,
+}
+
+impl EventTimeStats {
+    pub fn add_column(&mut self, array: &ArrayRef) -> Result<()> {
+        let c = cast(array, &DataType::Timestamp(TimeUnit::Microsecond, None))?;
+        let c = cast(&c, &DataType::Int64)?;
+        for v in c.as_primitive::<Int64Type>().iter().flatten() {
+            if self.count == 0 {
+                self.min = v;
+                self.max = v;
+            } else {
+                self.min = self.min.min(v);
+                self.max = self.max.max(v);
+            }
+            self.sum += v as i128;
+            self.count += 1;
+        }
+        Ok(())
+    }
+
+    pub fn avg(&self) -> Option<i64> {
+        (self.count > 0).then(|| (self.sum / self.count as i128) as i64)
+    }
+}
