@@ -2,6 +2,8 @@
 
 mod crash;
 mod harness;
+mod oracle;
+mod property;
 mod run;
 mod slt;
 mod wire;

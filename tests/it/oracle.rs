@@ -1,0 +1,334 @@
+//! Fidelity against real Spark: every case under `tests/oracle/cases/` holds input files
+//! per run and Spark's outputs, made by `shared/oracle-tools/run_case.py` (see
+//! `tests/oracle/README.md`). Each case is replayed against a real `tidemark` server, one
+//! server start per run (Spark runs a new process per run), and compared batch by batch:
+//!
+//! - `batches.csv`: batch ids, input rows, the watermark in force, event-time min/max,
+//!   state rows total/updated/removed, and whether rows were dropped as late (Spark counts
+//!   late *groups*, Tidemark late *input rows*, so only zero vs non-zero is compared);
+//! - `changelog.csv`: how many rows each batch emitted;
+//! - `output.csv`: the sink's table (append: cumulative; complete: the last snapshot;
+//!   update: the last emitted value of every group, which is what a MERGE keeps).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+use crate::harness::{TestServer, free_port};
+
+#[derive(Debug)]
+struct Variant {
+    mode: String,
+    window: String,
+    duration: String,
+    slide: String,
+    watermark: String,
+    max_files: u32,
+    trigger: String,
+}
+
+fn parse_variant(args: &[String]) -> Variant {
+    let mut v = Variant {
+        mode: "append".into(),
+        window: "tumbling".into(),
+        duration: "5 minutes".into(),
+        slide: "1 minute".into(),
+        watermark: "10 minutes".into(),
+        max_files: 1,
+        trigger: "available_now".into(),
+    };
+    let mut it = args.iter();
+    while let Some(k) = it.next() {
+        let val = it.next().cloned().unwrap_or_default();
+        match k.as_str() {
+            "--mode" => v.mode = val,
+            "--window" => v.window = val,
+            "--window-duration" => v.duration = val,
+            "--slide" => v.slide = val,
+            "--watermark" => v.watermark = val,
+            "--max-files-per-trigger" => v.max_files = val.parse().unwrap(),
+            // Spark's sink for the run; Tidemark writes Delta in every case.
+            "--sink" => {}
+            "--trigger" => {
+                v.trigger = match val.as_str() {
+                    "once" => "once".into(),
+                    _ => "available_now".into(),
+                }
+            }
+            other => panic!("variant argument {other} is not supported by the oracle test"),
+        }
+    }
+    v
+}
+
+async fn rows(client: &Client, sql: &str) -> Vec<Vec<Option<String>>> {
+    client
+        .simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .into_iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => {
+                Some((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// `2026-06-10 10:00:00.500000` → `2026-06-10T10:00:00.5Z` (the oracle's canonical form).
+fn iso(ts: &str) -> String {
+    let ts = ts.trim_end_matches("+00");
+    let (date_time, frac) = ts.split_once('.').unwrap_or((ts, ""));
+    let frac = frac.trim_end_matches('0');
+    let mut s = date_time.replace(' ', "T");
+    if !frac.is_empty() {
+        s.push('.');
+        s.push_str(frac);
+    }
+    s.push('Z');
+    s
+}
+
+/// `2026-06-10 10:20:00.000000+00` → `2026-06-10T10:20:00.000Z` (Spark's progress form).
+fn progress_ts(ts: &str) -> String {
+    let ts = ts.trim_end_matches("+00");
+    let (date_time, frac) = ts.split_once('.').unwrap_or((ts, "000"));
+    format!("{}.{:0<3.3}Z", date_time.replace(' ', "T"), frac)
+}
+
+fn read_csv(path: &Path) -> Vec<Vec<String>> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .skip(1)
+        .filter(|l| !l.is_empty())
+        .map(|l| l.split(',').map(str::to_string).collect())
+        .collect()
+}
+
+async fn table_rows(client: &Client) -> Vec<Vec<String>> {
+    let mut out: Vec<Vec<String>> = rows(
+        client,
+        "SELECT window_start, window_end, page, views, total_duration_s FROM out",
+    )
+    .await
+    .into_iter()
+    .map(|r| {
+        let total: f64 = r[4].as_deref().unwrap().parse().unwrap();
+        vec![
+            iso(r[0].as_deref().unwrap()),
+            iso(r[1].as_deref().unwrap()),
+            r[2].clone().unwrap_or_default(),
+            r[3].clone().unwrap(),
+            format!("{total:.3}"),
+        ]
+    })
+    .collect();
+    out.sort();
+    out
+}
+
+fn land(run_dir: &Path, landing: &Path, mtime: &mut SystemTime) {
+    let mut names: Vec<PathBuf> = std::fs::read_dir(run_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    names.sort();
+    for src in names {
+        let dst = landing.join(src.file_name().unwrap());
+        std::fs::copy(&src, &dst).unwrap();
+        *mtime += Duration::from_secs(1);
+        std::fs::File::options()
+            .write(true)
+            .open(&dst)
+            .unwrap()
+            .set_modified(*mtime)
+            .unwrap();
+    }
+}
+
+async fn check_variant(case: &Path, runs: &[String], variant: &str, v: &Variant) {
+    let tmp = tempfile::tempdir().unwrap();
+    let landing = tmp.path().join("landing");
+    std::fs::create_dir_all(&landing).unwrap();
+    let data_dir = tmp.path().join("data");
+    let port = free_port();
+    let mut mtime = SystemTime::now() - Duration::from_secs(86_400);
+    let window = match v.window.as_str() {
+        "tumbling" => format!("window(event_time, '{}')", v.duration),
+        "sliding" => format!("window(event_time, '{}', '{}')", v.duration, v.slide),
+        other => panic!("window {other} is not supported yet"),
+    };
+    let mut last_per_key: BTreeMap<(String, String, String), Vec<String>> = BTreeMap::new();
+    for (k, run) in runs.iter().enumerate() {
+        let what = format!("{} / {variant} / run{}", case.display(), k + 1);
+        land(&case.join(run), &landing, &mut mtime);
+        let server = TestServer::start(&data_dir, port, &[]).await;
+        let client = server.connect().await;
+        if k == 0 {
+            client
+                .batch_execute(&format!(
+                    "CREATE STREAM clicks (user_id TEXT, page TEXT, event_time TIMESTAMP, \
+                     duration_s DOUBLE PRECISION) WITH (format = 'json', path = '{}', \
+                     max_files_per_trigger = {});
+                     CREATE SINK out WITH (watermark = 'event_time - {}', output_mode = '{}', \
+                     trigger = '{}') AS SELECT window.start AS window_start, window.end AS \
+                     window_end, page, count(*) AS views, sum(duration_s) AS total_duration_s \
+                     FROM clicks GROUP BY {window}, page",
+                    landing.display(),
+                    v.max_files,
+                    v.watermark,
+                    v.mode,
+                    v.trigger
+                ))
+                .await
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+        } else {
+            client.batch_execute("START SINK out").await.unwrap();
+        }
+        client
+            .batch_execute("FLUSH SINK out")
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}\n{}", server.log()));
+        let expected = case
+            .join("expected")
+            .join(variant)
+            .join(format!("run{}", k + 1));
+
+        // batches.csv
+        let got: Vec<Vec<String>> = rows(
+            &client,
+            "SELECT batch_id, num_input_rows, watermark, event_time_min, event_time_max, \
+             rows_dropped_by_watermark, state_rows_total, state_rows_updated, \
+             state_rows_removed, sink_output_rows FROM tidemark.progress ORDER BY batch_id",
+        )
+        .await
+        .into_iter()
+        .map(|r| {
+            let s = |i: usize| r[i].clone().unwrap_or_default();
+            let ts = |i: usize| r[i].as_deref().map(progress_ts).unwrap_or_default();
+            let dropped = if s(5) == "0" { "0" } else { ">0" };
+            vec![
+                s(0),
+                s(1),
+                ts(2),
+                ts(3),
+                ts(4),
+                dropped.into(),
+                s(6),
+                s(7),
+                s(8),
+            ]
+        })
+        .collect();
+        let want: Vec<Vec<String>> = read_csv(&expected.join("batches.csv"))
+            .into_iter()
+            .map(|r| {
+                let dropped = if r[5] == "0" { "0" } else { ">0" };
+                vec![
+                    r[0].clone(),
+                    r[1].clone(),
+                    r[2].clone(),
+                    r[3].clone(),
+                    r[4].clone(),
+                    dropped.into(),
+                    r[6].clone(),
+                    r[7].clone(),
+                    r[8].clone(),
+                ]
+            })
+            .collect();
+        assert_eq!(
+            got, want,
+            "{what}: batches (id, rows, watermark, min, max, dropped, state total/updated/removed)"
+        );
+
+        // changelog.csv: rows emitted per batch.
+        let changelog = read_csv(&expected.join("changelog.csv"));
+        let mut per_batch: BTreeMap<String, u64> = BTreeMap::new();
+        for r in &changelog {
+            *per_batch.entry(r[0].clone()).or_default() += 1;
+        }
+        let got_out: Vec<(String, u64)> = rows(
+            &client,
+            "SELECT batch_id, sink_output_rows FROM tidemark.progress ORDER BY batch_id",
+        )
+        .await
+        .into_iter()
+        .map(|r| {
+            (
+                r[0].clone().unwrap(),
+                r[1].as_deref().unwrap().parse().unwrap(),
+            )
+        })
+        .collect();
+        let want_out: Vec<(String, u64)> = got_out
+            .iter()
+            .map(|(b, _)| (b.clone(), per_batch.get(b).copied().unwrap_or(0)))
+            .collect();
+        assert_eq!(got_out, want_out, "{what}: rows emitted per batch");
+
+        // output.csv
+        let table = table_rows(&client).await;
+        let want_table: Vec<Vec<String>> = match v.mode.as_str() {
+            "update" => {
+                let mut rows_in_order = changelog.clone();
+                rows_in_order.sort_by_key(|r| r[0].parse::<u64>().unwrap());
+                for r in rows_in_order {
+                    last_per_key
+                        .insert((r[1].clone(), r[2].clone(), r[3].clone()), r[1..].to_vec());
+                }
+                last_per_key.values().cloned().collect()
+            }
+            _ => read_csv(&expected.join("output.csv")),
+        };
+        assert_eq!(table, want_table, "{what}: the sink's table");
+        drop(client);
+        server.stop().await;
+    }
+}
+
+fn cases() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/cases");
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("expected").is_dir())
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spark_cases_match() {
+    let filter = std::env::var("TIDEMARK_ORACLE").unwrap_or_default();
+    let cases = cases();
+    assert!(!cases.is_empty(), "no oracle cases with expected outputs");
+    for case in cases
+        .iter()
+        .filter(|c| c.to_string_lossy().contains(&filter))
+    {
+        let spec: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(case.join("case.json")).unwrap())
+                .unwrap();
+        let runs: Vec<String> = spec["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r.as_str().unwrap().to_string())
+            .collect();
+        for (variant, args) in spec["variants"].as_object().unwrap() {
+            let args: Vec<String> = args
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap().to_string())
+                .collect();
+            let v = parse_variant(&args);
+            eprintln!("oracle case {} / {variant}", case.display());
+            check_variant(case, &runs, variant, &v).await;
+        }
+    }
+}
