@@ -91,6 +91,7 @@ impl Engine {
             shutting_down: Default::default(),
             me: me.clone(),
         });
+        window::register_udfs(&engine.ctx);
         let tidemark_schema = Arc::new(MemorySchemaProvider::new());
         engine
             .ctx
@@ -266,7 +267,7 @@ impl Engine {
             .positive_int("state_partitions")?
             .map(|n| n as usize)
             .unwrap_or(DEFAULT_STATE_PARTITIONS);
-        let stream_name = single_stream(&cs.query, cat)?;
+        let stream_name = single_stream(&crate::sql::expand_window_refs(&cs.query)?, cat)?;
         let stream = cat
             .stream(&stream_name)
             .ok_or_else(|| Error::UndefinedObject {

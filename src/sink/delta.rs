@@ -177,7 +177,7 @@ impl DeltaSink {
                 let quote = |c: &str| format!("\"{}\"", c.replace('"', "\"\""));
                 let predicate = keys
                     .iter()
-                    .map(|k| format!("t.{0} IS NOT DISTINCT FROM s.{0}", quote(k)))
+                    .map(|k| format!("(t.{0} IS NOT DISTINCT FROM s.{0})", quote(k)))
                     .collect::<Vec<_>>()
                     .join(" AND ");
                 let columns: Vec<String> =

@@ -114,6 +114,26 @@ pub fn expand_window_refs(query: &str) -> crate::error::Result<String> {
 
     let dialect = PostgreSqlDialect {};
     let mut stmts = Parser::parse_sql(&dialect, query)?;
+    if let Some(stmt) = stmts.first_mut() {
+        rewrite_window_tvf(stmt)?;
+    }
+    if query.to_ascii_lowercase().contains("session_window") {
+        let mut found = false;
+        let _ = datafusion::sql::sqlparser::ast::visit_expressions(&stmts, |e| {
+            if let Expr::Function(f) = e
+                && f.name.to_string().eq_ignore_ascii_case("session_window")
+            {
+                found = true;
+            }
+            ControlFlow::<()>::Continue(())
+        });
+        if found {
+            return Err(crate::error::Error::Unsupported {
+                message: "session windows are not supported yet".into(),
+                hint: Some("Use window(time, size [, slide]) for now.".into()),
+            });
+        }
+    }
     let window = match stmts.first() {
         Some(Statement::Query(q)) => match q.body.as_ref() {
             SetExpr::Select(select) => match &select.group_by {
@@ -131,7 +151,10 @@ pub fn expand_window_refs(query: &str) -> crate::error::Result<String> {
         _ => None,
     };
     let Some(window) = window else {
-        return Ok(query.to_string());
+        return Ok(stmts
+            .first()
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| query.to_string()));
     };
     let field = |name: &str| -> crate::error::Result<Expr> {
         let text = format!("get_field({window}, '{name}')");
@@ -176,8 +199,219 @@ pub fn expand_window_refs(query: &str) -> crate::error::Result<String> {
     Ok(stmts[0].to_string())
 }
 
+/// Rewrites the table-valued window forms Flink and RisingWave users write into Spark's:
+///
+/// - `FROM TUMBLE(s, t, size) ... GROUP BY window_start, window_end, k` becomes
+///   `FROM s ... GROUP BY window(t, size), k`, with `window_start` / `window_end` read as
+///   `window.start` / `window.end`; `HOP(s, t, slide, size)` becomes `window(t, size, slide)`;
+/// - `FROM TUMBLE(s, t, size)` without such a GROUP BY becomes a derived table that adds
+///   the `window_start` and `window_end` columns to every row.
+fn rewrite_window_tvf(
+    stmt: &mut datafusion::sql::sqlparser::ast::Statement,
+) -> crate::error::Result<()> {
+    use datafusion::sql::sqlparser::ast::{
+        Expr, FunctionArg, FunctionArgExpr, GroupByExpr, Ident, ObjectName, SelectItem, SetExpr,
+        Statement, TableFactor, visit_expressions_mut,
+    };
+    use datafusion::sql::sqlparser::parser::Parser;
+    use std::ops::ControlFlow;
+
+    let Statement::Query(q) = stmt else {
+        return Ok(());
+    };
+    let SetExpr::Select(select) = q.body.as_mut() else {
+        return Ok(());
+    };
+    let Some(from) = select.from.first_mut() else {
+        return Ok(());
+    };
+    let TableFactor::Table {
+        name,
+        alias,
+        args: Some(args),
+        ..
+    } = &from.relation
+    else {
+        return Ok(());
+    };
+    let kind = name.to_string().to_ascii_uppercase();
+    if !matches!(kind.as_str(), "TUMBLE" | "HOP" | "SESSION") {
+        return Ok(());
+    }
+    if kind == "SESSION" {
+        return Err(crate::error::Error::unsupported(
+            "session windows are not supported yet",
+        ));
+    }
+    let exprs: Vec<String> = args
+        .args
+        .iter()
+        .map(|a| match a {
+            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Ok(e.to_string()),
+            other => Err(crate::error::Error::Syntax(format!(
+                "unexpected argument {other} of {kind}"
+            ))),
+        })
+        .collect::<crate::error::Result<_>>()?;
+    let call = match (kind.as_str(), exprs.as_slice()) {
+        ("TUMBLE", [_, t, size]) => format!("window({t}, {size})"),
+        ("HOP", [_, t, slide, size]) => format!("window({t}, {size}, {slide})"),
+        _ => {
+            return Err(crate::error::Error::Syntax(format!(
+                "{kind} takes (stream, time column, {})",
+                if kind == "HOP" { "slide, size" } else { "size" }
+            )));
+        }
+    };
+    let stream = exprs[0].clone();
+    let alias = match alias.clone() {
+        Some(a) => a,
+        None => {
+            // Parse an alias rather than build the struct: its fields vary by version.
+            let q = Parser::parse_sql(
+                &PostgreSqlDialect {},
+                &format!("SELECT 1 FROM t AS {stream}"),
+            )?;
+            match q.into_iter().next() {
+                Some(Statement::Query(q)) => match *q.body {
+                    SetExpr::Select(s) => match s.from.into_iter().next().map(|f| f.relation) {
+                        Some(TableFactor::Table { alias: Some(a), .. }) => a,
+                        _ => return Err(crate::error::Error::Internal("alias".into())),
+                    },
+                    _ => return Err(crate::error::Error::Internal("alias".into())),
+                },
+                _ => return Err(crate::error::Error::Internal("alias".into())),
+            }
+        }
+    };
+    let is_window_col =
+        |e: &Expr, col: &str| matches!(e, Expr::Identifier(i) if i.value.eq_ignore_ascii_case(col));
+    let grouped = match &select.group_by {
+        GroupByExpr::Expressions(g, _) => g
+            .iter()
+            .any(|e| is_window_col(e, "window_start") || is_window_col(e, "window_end")),
+        _ => false,
+    };
+    let parse = |text: &str| -> crate::error::Result<Expr> {
+        Ok(Parser::new(&PostgreSqlDialect {})
+            .try_with_sql(text)?
+            .parse_expr()?)
+    };
+    if grouped {
+        from.relation = TableFactor::Table {
+            name: ObjectName::from(vec![Ident::new(stream)]),
+            alias: Some(alias),
+            args: None,
+            with_hints: vec![],
+            version: None,
+            with_ordinality: false,
+            partitions: vec![],
+            json_path: None,
+            sample: None,
+            index_hints: vec![],
+        };
+        let window = parse(&call)?;
+        if let GroupByExpr::Expressions(g, _) = &mut select.group_by {
+            let mut out = Vec::new();
+            for e in g.drain(..) {
+                if is_window_col(&e, "window_start") || is_window_col(&e, "window_end") {
+                    if !out.contains(&window) {
+                        out.push(window.clone());
+                    }
+                } else {
+                    out.push(e);
+                }
+            }
+            *g = out;
+        }
+        // Keep the column names of bare references in the select list.
+        for item in &mut select.projection {
+            if let SelectItem::UnnamedExpr(e) = item
+                && (is_window_col(e, "window_start") || is_window_col(e, "window_end"))
+            {
+                let name = e.to_string().to_ascii_lowercase();
+                *item = SelectItem::ExprWithAlias {
+                    expr: e.clone(),
+                    alias: Ident::new(name),
+                };
+            }
+        }
+        let start = parse("window.start")?;
+        let end = parse("window.end")?;
+        let _ = visit_expressions_mut(stmt, |e| {
+            if is_window_col(e, "window_start") {
+                *e = start.clone();
+            } else if is_window_col(e, "window_end") {
+                *e = end.clone();
+            }
+            ControlFlow::<()>::Continue(())
+        });
+        return Ok(());
+    }
+    if kind == "HOP" {
+        return Err(crate::error::Error::Unsupported {
+            message: "HOP adds several rows per event; it is supported only with GROUP BY \
+                      window_start, window_end"
+                .into(),
+            hint: Some("Group by window_start, window_end, or use TUMBLE.".into()),
+        });
+    }
+    let derived = format!(
+        "SELECT * FROM (SELECT *, get_field({call}, 'start') AS window_start, \
+         get_field({call}, 'end') AS window_end FROM {stream}) AS {}",
+        alias.name
+    );
+    let Statement::Query(dq) = Parser::parse_sql(&PostgreSqlDialect {}, &derived)?.remove(0) else {
+        return Err(crate::error::Error::Internal(
+            "derived table did not parse".into(),
+        ));
+    };
+    let SetExpr::Select(ds) = *dq.body else {
+        return Err(crate::error::Error::Internal(
+            "derived table is not a select".into(),
+        ));
+    };
+    let mut derived_from = ds.from;
+    from.relation = derived_from.remove(0).relation;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn table_valued_windows_become_spark_windows() {
+        let q = super::expand_window_refs(
+            "SELECT window_start, window_end, page, count(*) AS n \
+             FROM TUMBLE(clicks, event_time, INTERVAL '5 minutes') \
+             GROUP BY window_start, window_end, page",
+        )
+        .unwrap();
+        assert_eq!(
+            q,
+            "SELECT get_field(window(event_time, INTERVAL '5 minutes'), 'start') AS window_start, \
+             get_field(window(event_time, INTERVAL '5 minutes'), 'end') AS window_end, page, \
+             count(*) AS n FROM clicks AS clicks \
+             GROUP BY window(event_time, INTERVAL '5 minutes'), page"
+        );
+        let q = super::expand_window_refs(
+            "SELECT window_start, count(*) FROM HOP(clicks, event_time, INTERVAL '1 minute', \
+             INTERVAL '5 minutes') AS h GROUP BY window_start, window_end",
+        )
+        .unwrap();
+        assert!(
+            q.contains("GROUP BY window(event_time, INTERVAL '5 minutes', INTERVAL '1 minute')"),
+            "{q}"
+        );
+        let q = super::expand_window_refs(
+            "SELECT page, window_start FROM TUMBLE(clicks, event_time, '5 minutes')",
+        )
+        .unwrap();
+        assert!(q.contains("FROM (SELECT *, get_field(window(event_time, '5 minutes'), 'start') AS window_start"), "{q}");
+        assert!(
+            super::expand_window_refs("SELECT * FROM SESSION(clicks, t, '5 minutes')").is_err()
+        );
+    }
+
     #[test]
     fn window_references_become_fields_of_the_group_by_window() {
         let q = super::expand_window_refs(
