@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The seed query end to end, and side by side with Spark on the same files:
+#   five-minute page-view windows, ten-minute watermark, append, available_now.
+#
+#   benches/windowed.sh [EVENTS]            (default 1000000; 100 files)
+#
+# Files: /tmp/oracle-bench/landing-<EVENTS>, made exactly as shared/oracle-tools/bench.py
+# makes them (gen_clicks.py --files 100 --users 10000 --pages 10 --span 24h
+# --late-fraction 0.05 --lateness-max 9m --seed 7), so Spark's bench.py reads the same
+# files. Prints wall time, events/s, events/s per core and peak RSS, and, when Spark's
+# output for the same files is given in SPARK_CSV, whether the results are identical.
+# Environment: MFPT (max_files_per_trigger, default 10), BENCH_DIR, SPARK_CSV.
+set -euo pipefail
+EVENTS=${1:-1000000}
+MFPT=${MFPT:-10}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+WORK=${BENCH_DIR:-/tmp/oracle-bench}
+LANDING=$WORK/landing-$EVENTS
+GEN=${GEN_CLICKS:-$ROOT/../shared/oracle-tools/gen_clicks.py}
+if [ ! -d "$LANDING" ]; then
+    python3 "$GEN" --out "$LANDING" --events "$EVENTS" --files 100 --users 10000 --pages 10 \
+        --span 24h --late-fraction 0.05 --lateness-max 9m --seed 7 --quiet
+fi
+(cd "$ROOT" && cargo build --release --quiet)
+BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/tidemark
+RUN=$WORK/tidemark-$EVENTS
+rm -rf "$RUN" && mkdir -p "$RUN"
+cat > "$RUN/pipeline.sql" <<SQL
+CREATE STREAM clicks (user_id TEXT, page TEXT, event_time TIMESTAMP, duration_s DOUBLE PRECISION)
+WITH (connector = 'file', format = 'json', path = '$LANDING', max_files_per_trigger = $MFPT);
+CREATE SINK page_views_5m WITH (path = '$RUN/sink', watermark = 'event_time - 10 minutes',
+    output_mode = 'append', trigger = 'available_now') AS
+SELECT window.start AS window_start, window.end AS window_end, page,
+       count(*) AS views, sum(duration_s) AS total_duration_s
+FROM clicks GROUP BY window(event_time, '5 minutes'), page;
+COPY (SELECT * FROM page_views_5m) TO '$RUN/output.csv' STORED AS CSV;
+SQL
+RUST_LOG=warn /usr/bin/time -v "$BIN" run "$RUN/pipeline.sql" --data-dir "$RUN/data" \
+    > "$RUN/out.txt" 2> "$RUN/time.txt"
+python3 - "$RUN" "$EVENTS" "${SPARK_CSV:-}" <<'PY'
+import csv, re, sys
+run, events, spark_csv = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+t = open(run + "/time.txt").read()
+wall = t.split("Elapsed (wall clock) time (h:mm:ss or m:ss):")[1].split()[0]
+secs = sum(float(x) * 60 ** i for i, x in enumerate(reversed(wall.split(":"))))
+rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", t).group(1))
+def iso(s):
+    s = s.replace(" ", "T")
+    s = re.sub(r"\.0+$", "", s.replace("Z", ""))
+    return s + "Z"
+rows = []
+with open(run + "/output.csv") as f:
+    for r in csv.DictReader(f):
+        rows.append([iso(r["window_start"]), iso(r["window_end"]), r["page"], int(r["views"]),
+                     "%.3f" % float(r["total_duration_s"])])
+rows.sort()
+with open(run + "/canonical.csv", "w", newline="") as f:
+    w = csv.writer(f, lineterminator="\n")
+    w.writerow(["window_start", "window_end", "page", "views", "total_duration_s"])
+    w.writerows(rows)
+print(f"events={events} wall={secs:.2f}s events/s={events/secs:,.0f} "
+      f"events/s/core={events/secs/2:,.0f} peak_rss={rss/1024:.0f} MiB windows={len(rows)}")
+if spark_csv:
+    same = open(spark_csv).read() == open(run + "/canonical.csv").read()
+    print("identical to Spark's output:", same)
+PY
