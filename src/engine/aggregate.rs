@@ -29,7 +29,9 @@ use datafusion::physical_plan::udaf::AggregateFunctionExpr;
 use datafusion::physical_plan::{ExecutionPlan, PhysicalExpr, collect};
 use datafusion::prelude::{SessionConfig, SessionContext};
 
-use super::window::{WINDOW_END, WINDOW_START, WindowSpec, assign, spec_from_args, window_type};
+use super::window::{
+    WINDOW_END, WINDOW_START, WindowSpec, assign, assign_session, spec_from_args, window_type,
+};
 use crate::error::{Error, Result};
 use crate::state::{StateMetrics, StateStore};
 
@@ -63,10 +65,20 @@ impl OutputMode {
     }
 }
 
-/// The window of a `GROUP BY window(...)`.
+/// Fixed windows (tumbling or sliding) or session windows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowKind {
+    Fixed(WindowSpec),
+    /// `session_window(ts, gap)`, the gap in microseconds.
+    Session {
+        gap: i64,
+    },
+}
+
+/// The window of a `GROUP BY window(...)` or `GROUP BY session_window(...)`.
 #[derive(Debug, Clone)]
 pub struct WindowKey {
-    pub spec: WindowSpec,
+    pub kind: WindowKind,
     /// The time column, in the stateless part's output.
     pub time_column: String,
     /// Its position among the group expressions.
@@ -200,13 +212,40 @@ pub fn analyze(
                     })
                     .collect::<Result<Vec<_>>>()?;
                 window = Some(WindowKey {
-                    spec: spec_from_args(&args)?,
+                    kind: WindowKind::Fixed(spec_from_args(&args)?),
                     time_column: time.name.clone(),
                     position: i,
                 });
             }
             Expr::ScalarFunction(f) if f.func.name() == "session_window" => {
-                return Err(Error::unsupported("session windows are not supported yet"));
+                if window.is_some() {
+                    return Err(Error::unsupported(
+                        "at most one window() per aggregation (multiTimeWindowExpressions)",
+                    ));
+                }
+                let Expr::Column(time) = &f.args[0] else {
+                    return Err(Error::Unsupported {
+                        message: "session_window() over an expression cannot carry a watermark"
+                            .into(),
+                        hint: Some("Use a column as session_window()'s first argument.".into()),
+                    });
+                };
+                let gap = literal(&f.args[1])
+                    .ok_or_else(|| Error::Unsupported {
+                        message: "a session gap computed per row is not supported yet".into(),
+                        hint: Some("Use a literal gap such as '5 minutes'.".into()),
+                    })
+                    .and_then(|g| super::window::duration_arg(&g))?;
+                if gap.is_zero() {
+                    return Err(Error::invalid_option("the session gap must be positive"));
+                }
+                window = Some(WindowKey {
+                    kind: WindowKind::Session {
+                        gap: gap.as_micros() as i64,
+                    },
+                    time_column: time.name.clone(),
+                    position: i,
+                });
             }
             _ => keys.push(unqualify(g)?),
         }
@@ -216,6 +255,24 @@ pub fn analyze(
         .iter()
         .map(unqualify)
         .collect::<Result<Vec<_>>>()?;
+    if let Some(WindowKey {
+        kind: WindowKind::Session { .. },
+        ..
+    }) = &window
+    {
+        if mode == OutputMode::Update {
+            return Err(Error::Unsupported {
+                message: "update output mode is not supported for session windows".into(),
+                hint: Some("Use output_mode = 'append' (with a watermark) or 'complete'.".into()),
+            });
+        }
+        if keys.is_empty() {
+            return Err(Error::Unsupported {
+                message: "a session window needs at least one other grouping column".into(),
+                hint: Some("Group by session_window(...) and a key, e.g. user_id.".into()),
+            });
+        }
+    }
     let key_time = match (&window, watermark_column) {
         (Some(w), Some(wm)) if w.time_column == wm => Some(KeyTime::Window),
         (_, Some(wm)) => keys
@@ -579,13 +636,18 @@ impl AggregateOperator {
         let mut out = AggregateBatch::default();
         let started = std::time::Instant::now();
         let key_time = self.key_time_columns();
-        let late_filter = self.mode != OutputMode::Complete;
+        let session = self.is_session();
+        // Session windows drop late rows in every mode (spec §3.2).
+        let late_filter = self.mode != OutputMode::Complete || session;
         let mut input = Vec::with_capacity(pre_rows.len());
         for b in pre_rows {
             let b = match &self.info.window {
                 Some(w) => {
                     let idx = b.schema().index_of(&w.time_column)?;
-                    assign(&b, idx, &w.spec)?
+                    match w.kind {
+                        WindowKind::Fixed(spec) => assign(&b, idx, &spec)?,
+                        WindowKind::Session { gap } => assign_session(&b, idx, gap)?,
+                    }
                 }
                 None => b,
             };
@@ -617,24 +679,29 @@ impl AggregateOperator {
                 self.input_schema.clone(),
             )?;
             let partial = self.run(Arc::new(partial)).await?;
-            let mut touched: HashSet<Vec<u8>> = HashSet::new();
-            for b in &partial {
-                touched.extend(self.keys(b)?);
+            if session {
+                merged = self.merge_sessions(partial).await?;
+                out.rows_updated = merged.iter().map(|b| b.num_rows() as u64).sum();
+            } else {
+                let mut touched: HashSet<Vec<u8>> = HashSet::new();
+                for b in &partial {
+                    touched.extend(self.keys(b)?);
+                }
+                let current = self.state_rows()?;
+                let mask: BooleanArray = self
+                    .keys(&current)?
+                    .iter()
+                    .map(|k| Some(touched.contains(k)))
+                    .collect();
+                let mut to_merge = vec![filter_record_batch(&current, &mask)?];
+                to_merge.extend(partial);
+                merged = self.reduce(to_merge).await?;
+                let schema = self.state.schema();
+                let merged_one = concat_batches(&schema, &merged)?;
+                out.rows_updated = merged_one.num_rows() as u64;
+                self.state
+                    .apply(&merged_one, &RecordBatch::new_empty(schema))?;
             }
-            let current = self.state_rows()?;
-            let mask: BooleanArray = self
-                .keys(&current)?
-                .iter()
-                .map(|k| Some(touched.contains(k)))
-                .collect();
-            let mut to_merge = vec![filter_record_batch(&current, &mask)?];
-            to_merge.extend(partial);
-            merged = self.reduce(to_merge).await?;
-            let schema = self.state.schema();
-            let merged_one = concat_batches(&schema, &merged)?;
-            out.rows_updated = merged_one.num_rows() as u64;
-            self.state
-                .apply(&merged_one, &RecordBatch::new_empty(schema))?;
         }
         out.all_updates_ms = started.elapsed().as_millis() as u64;
 
@@ -676,6 +743,68 @@ impl AggregateOperator {
             .map(|b| self.to_aggregate_shape(b))
             .collect::<Result<_>>()?;
         Ok(out)
+    }
+
+    fn is_session(&self) -> bool {
+        matches!(
+            self.info.window,
+            Some(WindowKey {
+                kind: WindowKind::Session { .. },
+                ..
+            })
+        )
+    }
+
+    /// Session windows: merges the batch's per-row sessions with the stored sessions of
+    /// the same keys (spec §4.2), replaces those keys' sessions in state, and returns the
+    /// merged sessions.
+    async fn merge_sessions(&mut self, partial: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+        let schema = self.state.schema();
+        // Group keys without the window (columns 2..key_columns).
+        let key_rows = |b: &RecordBatch| -> Result<Vec<Vec<u8>>> {
+            let conv = RowConverter::new(
+                schema.fields()[2..self.key_columns]
+                    .iter()
+                    .map(|f| SortField::new(f.data_type().clone()))
+                    .collect(),
+            )?;
+            let rows = conv.convert_columns(&b.columns()[2..self.key_columns])?;
+            Ok(rows.iter().map(|r| r.as_ref().to_vec()).collect())
+        };
+        let partial = concat_batches(&schema, &partial)?;
+        let touched: HashSet<Vec<u8>> = key_rows(&partial)?.into_iter().collect();
+        let current = self.state_rows()?;
+        let mask: BooleanArray = key_rows(&current)?
+            .iter()
+            .map(|k| Some(touched.contains(k)))
+            .collect();
+        let old = filter_record_batch(&current, &mask)?;
+        let combined = concat_batches(&schema, [&old, &partial])?;
+        let as_i64 = |c: &ArrayRef| -> Result<Vec<i64>> {
+            let c = cast(c, &DataType::Int64)?;
+            Ok(c.as_primitive::<Int64Type>().values().to_vec())
+        };
+        let (starts, ends) = super::window::merge_sessions(
+            &key_rows(&combined)?,
+            &as_i64(combined.column(0))?,
+            &as_i64(combined.column(1))?,
+        );
+        let ts_type = combined.column(0).data_type().clone();
+        let mut cols = combined.columns().to_vec();
+        cols[0] = cast(
+            &(Arc::new(datafusion::arrow::array::Int64Array::from(starts)) as ArrayRef),
+            &ts_type,
+        )?;
+        cols[1] = cast(
+            &(Arc::new(datafusion::arrow::array::Int64Array::from(ends)) as ArrayRef),
+            &ts_type,
+        )?;
+        let merged = self
+            .reduce(vec![RecordBatch::try_new(schema.clone(), cols)?])
+            .await?;
+        let merged_one = concat_batches(&schema, &merged)?;
+        self.state.apply(&merged_one, &old)?;
+        Ok(merged)
     }
 
     /// Commits the state as `version` (batch N commits N + 1).

@@ -23,7 +23,7 @@ use uuid::Uuid;
 
 use super::aggregate::{
     AggregateBatch, AggregateInfo, AggregateOperator, EventTimeStats, KeyTime, OutputMode,
-    part_above, stateless_part,
+    WindowKind, part_above, stateless_part,
 };
 use super::progress::{
     EventTimeProgress, Progress, Registry, SinkProgress, SourceProgress, StateOperatorProgress,
@@ -239,20 +239,20 @@ pub async fn explain(def: &SinkDef, stream: &StreamDef, shape: &SinkShape) -> Re
                     .join(", "),
                 def.state_partitions
             ));
-            if let Some(w) = &a.window {
-                let kind = if w.spec.is_tumbling() {
-                    "tumbling"
-                } else {
-                    "sliding"
-                };
-                lines.push(format!(
-                    "    Window: {kind} size={} slide={} over {}",
-                    crate::sql::options::format_duration(Duration::from_micros(w.spec.size as u64)),
-                    crate::sql::options::format_duration(Duration::from_micros(
-                        w.spec.slide as u64
-                    )),
-                    w.time_column
-                ));
+            let dur =
+                |us: i64| crate::sql::options::format_duration(Duration::from_micros(us as u64));
+            match a.window.as_ref().map(|w| (w.kind, &w.time_column)) {
+                Some((WindowKind::Fixed(spec), col)) => lines.push(format!(
+                    "    Window: {} size={} slide={} over {col}",
+                    if spec.is_tumbling() { "tumbling" } else { "sliding" },
+                    dur(spec.size),
+                    dur(spec.slide),
+                )),
+                Some((WindowKind::Session { gap }, col)) => lines.push(format!(
+                    "    Window: session gap={} over {col} (sessions of a key merge when they touch)",
+                    dur(gap)
+                )),
+                None => {}
             }
             match (&shape.watermark, a.key_time) {
                 (Some(wm), Some(_)) => lines.push(format!(
@@ -828,7 +828,17 @@ impl Runner {
         let state_operators = match &stats.state {
             None => vec![],
             Some((m, agg)) => vec![StateOperatorProgress {
-                operator_name: "stateStoreSave".into(),
+                operator_name: match self
+                    .shape
+                    .aggregate
+                    .as_ref()
+                    .and_then(|a| a.window.as_ref())
+                {
+                    Some(w) if matches!(w.kind, WindowKind::Session { .. }) => {
+                        "sessionWindowStateStoreSaveExec".into()
+                    }
+                    _ => "stateStoreSave".into(),
+                },
                 num_rows_total: m.rows_total,
                 num_rows_updated: agg.rows_updated,
                 all_updates_time_ms: agg.all_updates_ms,

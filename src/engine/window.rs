@@ -354,9 +354,114 @@ impl ScalarUDFImpl for WindowTimeUdf {
     }
 }
 
-/// Registers `window` and `window_time` in a session.
+/// `session_window(ts, gap)` for planning. Sessions are merged by the streaming engine in
+/// a sink's GROUP BY; evaluated as a plain function it is an error.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct SessionWindowUdf {
+    signature: Signature,
+}
+
+impl Default for SessionWindowUdf {
+    fn default() -> Self {
+        SessionWindowUdf {
+            signature: Signature::any(2, Volatility::Immutable),
+        }
+    }
+}
+
+impl ScalarUDFImpl for SessionWindowUdf {
+    fn name(&self) -> &str {
+        "session_window"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, args: &[DataType]) -> datafusion::error::Result<DataType> {
+        match &args[0] {
+            DataType::Timestamp(_, tz) => Ok(window_type(tz.clone())),
+            other => datafusion::common::plan_err!(
+                "session_window() needs a TIMESTAMP as its first argument, not {other}"
+            ),
+        }
+    }
+
+    fn invoke_with_args(
+        &self,
+        _args: ScalarFunctionArgs,
+    ) -> datafusion::error::Result<ColumnarValue> {
+        datafusion::common::exec_err!("session windows are computed only in the GROUP BY of a sink")
+    }
+}
+
+/// Appends [`WINDOW_START`] = `t` and [`WINDOW_END`] = `t + gap`: each row's own session
+/// before merging (spec §4.2). Rows with a NULL time are dropped.
+pub fn assign_session(batch: &RecordBatch, time_col: usize, gap_us: i64) -> Result<RecordBatch> {
+    let time = batch.column(time_col);
+    let DataType::Timestamp(_, tz) = time.data_type().clone() else {
+        return Err(Error::invalid_option(
+            "session_window() needs a TIMESTAMP column",
+        ));
+    };
+    let ts_type = DataType::Timestamp(TimeUnit::Microsecond, tz);
+    let micros = cast(time, &ts_type)?;
+    let keep = datafusion::arrow::compute::is_not_null(&micros)?;
+    let batch = datafusion::arrow::compute::filter_record_batch(batch, &keep)?;
+    let micros = datafusion::arrow::compute::filter(&micros, &keep)?;
+    let starts = cast(&micros, &DataType::Int64)?;
+    let ends: Int64Array = starts
+        .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+        .iter()
+        .map(|v| v.map(|v| v + gap_us))
+        .collect();
+    let mut columns = batch.columns().to_vec();
+    columns.push(micros);
+    columns.push(cast(&(Arc::new(ends) as ArrayRef), &ts_type)?);
+    let mut fields: Vec<Field> = batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(Field::new(WINDOW_START, ts_type.clone(), true));
+    fields.push(Field::new(WINDOW_END, ts_type, true));
+    Ok(RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        columns,
+    )?)
+}
+
+/// Merges sessions (spec §4.2): per key, over rows sorted by start, a row joins the current
+/// session iff `start <= current end` (touching sessions merge). Returns each row's merged
+/// (start, end). `keys[i]` identifies the group of row `i`.
+pub fn merge_sessions(keys: &[Vec<u8>], starts: &[i64], ends: &[i64]) -> (Vec<i64>, Vec<i64>) {
+    let mut order: Vec<usize> = (0..keys.len()).collect();
+    order.sort_by(|&a, &b| keys[a].cmp(&keys[b]).then(starts[a].cmp(&starts[b])));
+    let mut merged_start = vec![0; keys.len()];
+    let mut merged_end = vec![0; keys.len()];
+    let mut i = 0;
+    while i < order.len() {
+        // One session: extend while the next row of the same key starts before its end.
+        let (first, mut end) = (order[i], ends[order[i]]);
+        let mut j = i + 1;
+        while j < order.len() && keys[order[j]] == keys[first] && starts[order[j]] <= end {
+            end = end.max(ends[order[j]]);
+            j += 1;
+        }
+        for &row in &order[i..j] {
+            merged_start[row] = starts[first];
+            merged_end[row] = end;
+        }
+        i = j;
+    }
+    (merged_start, merged_end)
+}
+
+/// Registers `window`, `session_window` and `window_time` in a session.
 pub fn register_udfs(ctx: &datafusion::prelude::SessionContext) {
     ctx.register_udf(ScalarUDF::new_from_impl(WindowUdf::default()));
+    ctx.register_udf(ScalarUDF::new_from_impl(SessionWindowUdf::default()));
     ctx.register_udf(ScalarUDF::new_from_impl(WindowTimeUdf::default()));
 }
 
@@ -422,6 +527,21 @@ mod tests {
             .and_utc()
             .timestamp_micros();
         assert_eq!(fmt(&w.windows_of(before_epoch)), ["[23:50,00:00)"]);
+    }
+
+    /// Spec §4.2: touching sessions merge; one microsecond apart they do not.
+    #[test]
+    fn sessions_merge_when_they_touch() {
+        let k = |s: &str| s.as_bytes().to_vec();
+        let gap = 5 * 60_000_000;
+        let t0 = t("2026-06-10 10:00");
+        let t5 = t("2026-06-10 10:05");
+        let keys = vec![k("a"), k("a"), k("a"), k("b")];
+        let starts = vec![t5, t0, t5 + gap + 1, t0];
+        let ends: Vec<i64> = starts.iter().map(|s| s + gap).collect();
+        let (ms, me) = merge_sessions(&keys, &starts, &ends);
+        assert_eq!(ms, vec![t0, t0, t5 + gap + 1, t0]);
+        assert_eq!(me, vec![t5 + gap, t5 + gap, t5 + 2 * gap + 1, t0 + gap]);
     }
 
     #[test]

@@ -117,40 +117,25 @@ pub fn expand_window_refs(query: &str) -> crate::error::Result<String> {
     if let Some(stmt) = stmts.first_mut() {
         rewrite_window_tvf(stmt)?;
     }
-    if query.to_ascii_lowercase().contains("session_window") {
-        let mut found = false;
-        let _ = datafusion::sql::sqlparser::ast::visit_expressions(&stmts, |e| {
-            if let Expr::Function(f) = e
-                && f.name.to_string().eq_ignore_ascii_case("session_window")
-            {
-                found = true;
-            }
-            ControlFlow::<()>::Continue(())
-        });
-        if found {
-            return Err(crate::error::Error::Unsupported {
-                message: "session windows are not supported yet".into(),
-                hint: Some("Use window(time, size [, slide]) for now.".into()),
-            });
-        }
-    }
     let window = match stmts.first() {
         Some(Statement::Query(q)) => match q.body.as_ref() {
             SetExpr::Select(select) => match &select.group_by {
-                GroupByExpr::Expressions(exprs, _) => exprs
-                    .iter()
-                    .find(|e| {
-                        matches!(e, Expr::Function(f)
-                            if f.name.to_string().eq_ignore_ascii_case("window"))
-                    })
-                    .cloned(),
+                GroupByExpr::Expressions(exprs, _) => exprs.iter().find_map(|e| match e {
+                    Expr::Function(f)
+                        if ["window", "session_window"]
+                            .contains(&f.name.to_string().to_ascii_lowercase().as_str()) =>
+                    {
+                        Some((f.name.to_string().to_ascii_lowercase(), e.clone()))
+                    }
+                    _ => None,
+                }),
                 _ => None,
             },
             _ => None,
         },
         _ => None,
     };
-    let Some(window) = window else {
+    let Some((column, window)) = window else {
         return Ok(stmts
             .first()
             .map(|s| s.to_string())
@@ -168,7 +153,7 @@ pub fn expand_window_refs(query: &str) -> crate::error::Result<String> {
         for item in &mut select.projection {
             if let SelectItem::UnnamedExpr(Expr::CompoundIdentifier(parts)) = item
                 && parts.len() == 2
-                && parts[0].value.eq_ignore_ascii_case("window")
+                && parts[0].value.eq_ignore_ascii_case(&column)
             {
                 let alias = parts[1].value.to_ascii_lowercase();
                 *item = SelectItem::ExprWithAlias {
@@ -181,7 +166,7 @@ pub fn expand_window_refs(query: &str) -> crate::error::Result<String> {
     let _ = visit_expressions_mut(&mut stmts, |e| {
         match e {
             Expr::CompoundIdentifier(parts)
-                if parts.len() == 2 && parts[0].value.eq_ignore_ascii_case("window") =>
+                if parts.len() == 2 && parts[0].value.eq_ignore_ascii_case(&column) =>
             {
                 match parts[1].value.to_ascii_lowercase().as_str() {
                     "start" => *e = start.clone(),
@@ -189,7 +174,7 @@ pub fn expand_window_refs(query: &str) -> crate::error::Result<String> {
                     _ => {}
                 }
             }
-            Expr::Identifier(id) if id.value.eq_ignore_ascii_case("window") => {
+            Expr::Identifier(id) if id.value.eq_ignore_ascii_case(&column) => {
                 *e = window.clone();
             }
             _ => {}
@@ -256,10 +241,15 @@ fn rewrite_window_tvf(
     let call = match (kind.as_str(), exprs.as_slice()) {
         ("TUMBLE", [_, t, size]) => format!("window({t}, {size})"),
         ("HOP", [_, t, slide, size]) => format!("window({t}, {size}, {slide})"),
+        ("SESSION", [_, t, gap]) => format!("session_window({t}, {gap})"),
         _ => {
             return Err(crate::error::Error::Syntax(format!(
                 "{kind} takes (stream, time column, {})",
-                if kind == "HOP" { "slide, size" } else { "size" }
+                match kind.as_str() {
+                    "HOP" => "slide, size",
+                    "SESSION" => "gap",
+                    _ => "size",
+                }
             )));
         }
     };
@@ -336,8 +326,13 @@ fn rewrite_window_tvf(
                 };
             }
         }
-        let start = parse("window.start")?;
-        let end = parse("window.end")?;
+        let column = if kind == "SESSION" {
+            "session_window"
+        } else {
+            "window"
+        };
+        let start = parse(&format!("{column}.start"))?;
+        let end = parse(&format!("{column}.end"))?;
         let _ = visit_expressions_mut(stmt, |e| {
             if is_window_col(e, "window_start") {
                 *e = start.clone();
@@ -348,11 +343,12 @@ fn rewrite_window_tvf(
         });
         return Ok(());
     }
-    if kind == "HOP" {
+    if kind != "TUMBLE" {
         return Err(crate::error::Error::Unsupported {
-            message: "HOP adds several rows per event; it is supported only with GROUP BY \
-                      window_start, window_end"
-                .into(),
+            message: format!(
+                "{kind} windows are computed over groups; {kind} is supported only with GROUP \
+                 BY window_start, window_end"
+            ),
             hint: Some("Group by window_start, window_end, or use TUMBLE.".into()),
         });
     }

@@ -45,7 +45,7 @@ impl TestServer {
             .arg(format!("127.0.0.1:{port}"))
             .arg("--data-dir")
             .arg(data_dir)
-            .env("RUST_LOG", "info")
+            .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log_file))

@@ -24,6 +24,7 @@ struct Variant {
     window: String,
     duration: String,
     slide: String,
+    gap: String,
     watermark: String,
     max_files: u32,
     trigger: String,
@@ -35,6 +36,7 @@ fn parse_variant(args: &[String]) -> Variant {
         window: "tumbling".into(),
         duration: "5 minutes".into(),
         slide: "1 minute".into(),
+        gap: "5 minutes".into(),
         watermark: "10 minutes".into(),
         max_files: 1,
         trigger: "available_now".into(),
@@ -47,6 +49,7 @@ fn parse_variant(args: &[String]) -> Variant {
             "--window" => v.window = val,
             "--window-duration" => v.duration = val,
             "--slide" => v.slide = val,
+            "--gap" => v.gap = val,
             "--watermark" => v.watermark = val,
             "--max-files-per-trigger" => v.max_files = val.parse().unwrap(),
             // Spark's sink for the run; Tidemark writes Delta in every case.
@@ -159,6 +162,7 @@ async fn check_variant(case: &Path, runs: &[String], variant: &str, v: &Variant)
     let window = match v.window.as_str() {
         "tumbling" => format!("window(event_time, '{}')", v.duration),
         "sliding" => format!("window(event_time, '{}', '{}')", v.duration, v.slide),
+        "session" => format!("session_window(event_time, '{}')", v.gap),
         other => panic!("window {other} is not supported yet"),
     };
     let mut last_per_key: BTreeMap<(String, String, String), Vec<String>> = BTreeMap::new();
@@ -174,14 +178,19 @@ async fn check_variant(case: &Path, runs: &[String], variant: &str, v: &Variant)
                      duration_s DOUBLE PRECISION) WITH (format = 'json', path = '{}', \
                      max_files_per_trigger = {});
                      CREATE SINK out WITH (watermark = 'event_time - {}', output_mode = '{}', \
-                     trigger = '{}') AS SELECT window.start AS window_start, window.end AS \
+                     trigger = '{}') AS SELECT {w}.start AS window_start, {w}.end AS \
                      window_end, page, count(*) AS views, sum(duration_s) AS total_duration_s \
                      FROM clicks GROUP BY {window}, page",
                     landing.display(),
                     v.max_files,
                     v.watermark,
                     v.mode,
-                    v.trigger
+                    v.trigger,
+                    w = if v.window == "session" {
+                        "session_window"
+                    } else {
+                        "window"
+                    },
                 ))
                 .await
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
