@@ -582,11 +582,19 @@ impl AggregateOperator {
             .collect())
     }
 
-    /// Merges partial states into one row per group.
-    async fn reduce(&self, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+    /// Runs an aggregation over stored partial states: `PartialReduce` merges them into one
+    /// row of partial state per group, `Final` evaluates the aggregates.
+    async fn over_states(
+        &self,
+        mode: AggregateMode,
+        batches: Vec<RecordBatch>,
+    ) -> Result<Vec<RecordBatch>> {
+        if batches.iter().all(|b| b.num_rows() == 0) {
+            return Ok(vec![]);
+        }
         let schema = self.state.schema();
         let exec = AggregateExec::try_new(
-            AggregateMode::PartialReduce,
+            mode,
             self.group_by.as_final(),
             self.aggr.clone(),
             vec![None; self.aggr.len()],
@@ -596,21 +604,13 @@ impl AggregateOperator {
         self.run(Arc::new(exec)).await
     }
 
-    /// Final values of the given groups.
+    async fn reduce(&self, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+        self.over_states(AggregateMode::PartialReduce, batches)
+            .await
+    }
+
     async fn finalize(&self, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
-        if batches.iter().all(|b| b.num_rows() == 0) {
-            return Ok(vec![]);
-        }
-        let schema = self.state.schema();
-        let exec = AggregateExec::try_new(
-            AggregateMode::Final,
-            self.group_by.as_final(),
-            self.aggr.clone(),
-            vec![None; self.aggr.len()],
-            self.exec_over(batches, &schema)?,
-            self.input_schema.clone(),
-        )?;
-        self.run(Arc::new(exec)).await
+        self.over_states(AggregateMode::Final, batches).await
     }
 
     fn keys(&self, batch: &RecordBatch) -> Result<Vec<Vec<u8>>> {
@@ -881,21 +881,8 @@ pub fn part_above(plan: &LogicalPlan, emitted: Vec<ArrayRefs>) -> Result<Logical
         .collect();
     let schema = Arc::new(Schema::new(fields));
     let batches = emitted
-        .into_iter()
-        .map(|cols| {
-            let cols = cols
-                .iter()
-                .zip(schema.fields())
-                .map(|(c, f)| {
-                    if c.data_type() == f.data_type() {
-                        Ok(c.clone())
-                    } else {
-                        cast(c, f.data_type()).map_err(Error::from)
-                    }
-                })
-                .collect::<Result<Vec<_>>>()?;
-            Ok(RecordBatch::try_new(schema.clone(), cols)?)
-        })
+        .iter()
+        .map(|cols| super::cast_to_schema(cols, &schema))
         .collect::<Result<Vec<_>>>()?;
     let table = MemTable::try_new(schema.clone(), vec![batches])?;
     let exprs: Vec<Expr> = agg_schema

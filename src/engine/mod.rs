@@ -788,6 +788,22 @@ fn explain_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![Field::new("plan", DataType::Utf8, false)]))
 }
 
+/// Gives columns the types of `schema` (casting where they differ) as one batch.
+pub(crate) fn cast_to_schema(columns: &[ArrayRef], schema: &SchemaRef) -> Result<RecordBatch> {
+    let columns = columns
+        .iter()
+        .zip(schema.fields())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                Ok(c.clone())
+            } else {
+                datafusion::arrow::compute::cast(c, f.data_type()).map_err(Error::from)
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RecordBatch::try_new(schema.clone(), columns)?)
+}
+
 fn string_columns<const N: usize>(rows: &[[Option<String>; N]]) -> Vec<ArrayRef> {
     (0..N)
         .map(|i| {

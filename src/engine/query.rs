@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -775,7 +774,7 @@ impl Runner {
         let out = out
             .into_iter()
             .filter(|b| b.num_rows() > 0)
-            .map(|b| conform(&b, &self.shape.schema))
+            .map(|b| super::cast_to_schema(b.columns(), &self.shape.schema))
             .collect::<Result<Vec<_>>>()?;
         stats.rows_out = out.iter().map(|b| b.num_rows() as u64).sum();
         crate::testing::crash_point("before_sink_commit");
@@ -926,21 +925,4 @@ fn partition(batches: Vec<RecordBatch>, n: usize) -> Vec<Vec<RecordBatch>> {
         parts[i % n].push(b);
     }
     parts
-}
-
-/// Gives a result batch the sink's schema (nullable fields; the same types).
-fn conform(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
-    let columns = batch
-        .columns()
-        .iter()
-        .zip(schema.fields())
-        .map(|(c, f)| {
-            if c.data_type() == f.data_type() {
-                Ok(c.clone())
-            } else {
-                cast(c, f.data_type()).map_err(Error::from)
-            }
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(RecordBatch::try_new(schema.clone(), columns)?)
 }

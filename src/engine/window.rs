@@ -162,6 +162,16 @@ pub fn window_type(tz: Option<Arc<str>>) -> DataType {
     )
 }
 
+/// The type `window()` and `session_window()` return for a time column of type `time`.
+fn window_return_type(function: &str, time: &DataType) -> datafusion::error::Result<DataType> {
+    match time {
+        DataType::Timestamp(_, tz) => Ok(window_type(tz.clone())),
+        other => datafusion::common::plan_err!(
+            "{function}() needs a TIMESTAMP as its first argument, not {other}"
+        ),
+    }
+}
+
 /// Reads a duration argument of `window(...)`: a string such as `'5 minutes'` or an
 /// interval literal.
 pub fn duration_arg(v: &ScalarValue) -> Result<Duration> {
@@ -235,12 +245,7 @@ impl ScalarUDFImpl for WindowUdf {
     }
 
     fn return_type(&self, args: &[DataType]) -> datafusion::error::Result<DataType> {
-        match &args[0] {
-            DataType::Timestamp(_, tz) => Ok(window_type(tz.clone())),
-            other => datafusion::common::plan_err!(
-                "window() needs a TIMESTAMP as its first argument, not {other}"
-            ),
-        }
+        window_return_type(self.name(), &args[0])
     }
 
     fn invoke_with_args(
@@ -379,12 +384,7 @@ impl ScalarUDFImpl for SessionWindowUdf {
     }
 
     fn return_type(&self, args: &[DataType]) -> datafusion::error::Result<DataType> {
-        match &args[0] {
-            DataType::Timestamp(_, tz) => Ok(window_type(tz.clone())),
-            other => datafusion::common::plan_err!(
-                "session_window() needs a TIMESTAMP as its first argument, not {other}"
-            ),
-        }
+        window_return_type(self.name(), &args[0])
     }
 
     fn invoke_with_args(

@@ -40,6 +40,21 @@ fn land_files(dir: &Path) {
     }
 }
 
+/// How many batches a sink's checkpoint has committed (files in `commits/`).
+fn committed_batches(data_dir: &Path, sink: &str) -> usize {
+    std::fs::read_dir(data_dir.join("checkpoints").join(sink).join("commits"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .parse::<u64>()
+                .is_ok()
+        })
+        .count()
+}
+
 async fn create_pipeline(client: &Client, landing: &Path) {
     client
         .batch_execute(&format!(
@@ -120,18 +135,11 @@ async fn check_exactly_once(client: &Client, data_dir: &Path) {
         assert_eq!(*n, 1, "batch {batch} was committed {n} times");
     }
     // The checkpoint's commit log agrees.
-    let commits = std::fs::read_dir(data_dir.join("checkpoints/copied/commits"))
-        .unwrap()
-        .filter(|e| {
-            e.as_ref()
-                .unwrap()
-                .file_name()
-                .to_string_lossy()
-                .parse::<u64>()
-                .is_ok()
-        })
-        .count();
-    assert_eq!(commits, FILES, "entries in commits/");
+    assert_eq!(
+        committed_batches(data_dir, "copied"),
+        FILES,
+        "entries in commits/"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -335,17 +343,7 @@ async fn windowed_crash_at_every_batch_equals_an_uninterrupted_run() {
             let server = windowed_run(&data_dir, &landing, port, &[]).await.unwrap();
             let got = windowed_table(&server).await;
             assert_eq!(got, want, "crash at {spec}: the final table differs");
-            let commits = std::fs::read_dir(data_dir.join("checkpoints/views/commits"))
-                .unwrap()
-                .filter(|e| {
-                    e.as_ref()
-                        .unwrap()
-                        .file_name()
-                        .to_string_lossy()
-                        .parse::<u64>()
-                        .is_ok()
-                })
-                .count();
+            let commits = committed_batches(&data_dir, "views");
             assert_eq!(commits, 7, "crash at {spec}: batches committed");
             server.stop().await;
         }
