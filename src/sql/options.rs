@@ -130,7 +130,7 @@ pub enum Trigger {
     /// The next batch starts as soon as the previous one ends and new data exists.
     Default,
     /// Batches start on a grid of this interval since the epoch.
-    ProcessingTime(#[serde(with = "duration_ms")] Duration),
+    ProcessingTime(#[serde(with = "duration_us")] Duration),
     /// Everything available at start, in as many batches as the rate limit needs; then stop.
     AvailableNow,
     /// One batch with everything available, ignoring the rate limit; then stop.
@@ -204,7 +204,8 @@ pub fn format_duration(d: Duration) -> String {
     "0 seconds".to_string()
 }
 
-mod duration_ms {
+/// A duration as whole microseconds in the catalog.
+mod duration_us {
     use serde::{Deserialize, Deserializer, Serializer};
     use std::time::Duration;
 
