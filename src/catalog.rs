@@ -233,6 +233,9 @@ pub struct SinkDef {
     /// Partitions of the state store; fixed once the checkpoint exists.
     #[serde(default = "default_state_partitions")]
     pub state_partitions: usize,
+    /// Where the state lives; fixed once the checkpoint exists.
+    #[serde(default)]
+    pub state_store: crate::state::StoreKind,
 }
 
 /// `state_partitions` when the sink does not say.

@@ -9,6 +9,11 @@ use crate::error::{Error, Result};
 /// Writes `bytes` to `path` atomically: a temp file in the same directory, fsync, rename,
 /// fsync of the directory. A reader sees the old content or the new, never a mix.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomic_then(path, bytes, || {})
+}
+
+/// [`write_atomic`], calling `before_rename` once the temp file is durable (a crash point).
+pub fn write_atomic_then(path: &Path, bytes: &[u8], before_rename: impl FnOnce()) -> Result<()> {
     let dir = path
         .parent()
         .ok_or_else(|| Error::Internal(format!("{} has no parent", path.display())))?;
@@ -25,6 +30,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
             .map_err(|e| Error::io(ctx("writing"), e))?;
         f.sync_all().map_err(|e| Error::io(ctx("syncing"), e))?;
     }
+    before_rename();
     fs::rename(&tmp, path).map_err(|e| Error::io(format!("renaming to {}", path.display()), e))?;
     sync_dir(dir)
 }

@@ -12,7 +12,6 @@
 //! - the **part above** (projection, HAVING, ORDER BY in complete mode), run over the
 //!   emitted groups by putting them where the `Aggregate` was.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StructArray};
@@ -33,7 +32,7 @@ use super::window::{
     WINDOW_END, WINDOW_START, WindowSpec, assign, assign_session, spec_from_args, window_type,
 };
 use crate::error::{Error, Result};
-use crate::state::{StateMetrics, StateStore};
+use crate::state::{StateLayout, StateMetrics, StateStore};
 
 /// Spark's output modes (spec §5.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -376,7 +375,6 @@ pub struct AggregateOperator {
     aggr: Vec<Arc<AggregateFunctionExpr>>,
     filters: Vec<Option<Arc<dyn PhysicalExpr>>>,
     key_columns: usize,
-    converter: RowConverter,
     ctx: SessionContext,
 }
 
@@ -487,23 +485,34 @@ impl AggregateOperator {
         Ok((partial.schema(), group_by, aggr, filters, input_schema))
     }
 
-    /// Builds the operator over a loaded state store.
+    /// Builds the operator over the state store that `open_store` opens for its layout.
     pub async fn try_new(
         info: AggregateInfo,
         mode: OutputMode,
         pre_schema: &Schema,
-        open_store: impl FnOnce(SchemaRef, usize) -> Result<Box<dyn StateStore>>,
+        partitions: usize,
+        open_store: impl FnOnce(StateLayout) -> Result<Box<dyn StateStore>>,
     ) -> Result<AggregateOperator> {
         let (state_schema, group_by, aggr, filters, input_schema) =
             Self::plan(&info, pre_schema).await?;
         let key_columns = group_by.expr().len();
-        let state = open_store(state_schema.clone(), key_columns)?;
-        let converter = RowConverter::new(
-            state_schema.fields()[..key_columns]
-                .iter()
-                .map(|f| SortField::new(f.data_type().clone()))
-                .collect(),
-        )?;
+        let session = matches!(
+            info.window,
+            Some(WindowKey {
+                kind: WindowKind::Session { .. },
+                ..
+            })
+        );
+        let evicts = mode != OutputMode::Complete || session;
+        let state = open_store(StateLayout {
+            schema: state_schema,
+            key_columns,
+            window_columns: if info.window.is_some() { 2 } else { 0 },
+            time_column: key_time_columns(&info, &input_schema)
+                .filter(|_| evicts)
+                .map(|(s, _)| s),
+            partitions,
+        })?;
         Ok(AggregateOperator {
             info,
             mode,
@@ -513,7 +522,6 @@ impl AggregateOperator {
             aggr,
             filters,
             key_columns,
-            converter,
             ctx: SessionContext::new_with_config(SessionConfig::new().with_target_partitions(1)),
         })
     }
@@ -533,19 +541,7 @@ impl AggregateOperator {
 
     /// Index of the key-time column in state rows, and in input rows.
     fn key_time_columns(&self) -> Option<(usize, usize)> {
-        let n_pre =
-            self.input_schema.fields().len() - if self.info.window.is_some() { 2 } else { 0 };
-        match self.info.key_time? {
-            KeyTime::Window => Some((1, n_pre + 1)),
-            KeyTime::Column(i) => {
-                let state_idx = i + if self.info.window.is_some() { 2 } else { 0 };
-                let Expr::Column(c) = &self.info.keys[i] else {
-                    return None;
-                };
-                let input_idx = self.input_schema.index_of(&c.name).ok()?;
-                Some((state_idx, input_idx))
-            }
-        }
+        key_time_columns(&self.info, &self.input_schema)
     }
 
     /// Rows of `batch` whose key time is `<= wm_us` (true) or not (false). NULL times are
@@ -613,18 +609,6 @@ impl AggregateOperator {
         self.over_states(AggregateMode::Final, batches).await
     }
 
-    fn keys(&self, batch: &RecordBatch) -> Result<Vec<Vec<u8>>> {
-        let rows = self
-            .converter
-            .convert_columns(&batch.columns()[..self.key_columns])?;
-        Ok(rows.iter().map(|r| r.as_ref().to_vec()).collect())
-    }
-
-    fn state_rows(&self) -> Result<RecordBatch> {
-        let schema = self.state.schema();
-        Ok(concat_batches(&schema, &self.state.rows()?)?)
-    }
-
     /// Runs one batch: `pre_rows` are the stateless part's output. `wm_late_us` judges late
     /// rows (the previous batch's watermark), `wm_evict_us` closes groups (this batch's).
     pub async fn process(
@@ -683,18 +667,10 @@ impl AggregateOperator {
                 merged = self.merge_sessions(partial).await?;
                 out.rows_updated = merged.iter().map(|b| b.num_rows() as u64).sum();
             } else {
-                let mut touched: HashSet<Vec<u8>> = HashSet::new();
-                for b in &partial {
-                    touched.extend(self.keys(b)?);
-                }
-                let current = self.state_rows()?;
-                let mask: BooleanArray = self
-                    .keys(&current)?
-                    .iter()
-                    .map(|k| Some(touched.contains(k)))
-                    .collect();
-                let mut to_merge = vec![filter_record_batch(&current, &mask)?];
-                to_merge.extend(partial);
+                let schema = self.state.schema();
+                let touched = concat_batches(&schema, &partial)?;
+                let mut to_merge = vec![self.state.get(&touched)?];
+                to_merge.push(touched);
                 merged = self.reduce(to_merge).await?;
                 let schema = self.state.schema();
                 let merged_one = concat_batches(&schema, &merged)?;
@@ -709,13 +685,9 @@ impl AggregateOperator {
         let started = std::time::Instant::now();
         let schema = self.state.schema();
         let closed = |this: &Self| -> Result<RecordBatch> {
-            let all = this.state_rows()?;
             match key_time {
-                Some((col, _)) if wm_evict_us > 0 => {
-                    let mask = Self::at_or_before(&all, col, wm_evict_us)?;
-                    Ok(filter_record_batch(&all, &mask)?)
-                }
-                _ => Ok(RecordBatch::new_empty(all.schema())),
+                Some(_) if wm_evict_us > 0 => this.state.expired(wm_evict_us),
+                _ => Ok(RecordBatch::new_empty(this.state.schema())),
             }
         };
         let finals = match self.mode {
@@ -772,13 +744,7 @@ impl AggregateOperator {
             Ok(rows.iter().map(|r| r.as_ref().to_vec()).collect())
         };
         let partial = concat_batches(&schema, &partial)?;
-        let touched: HashSet<Vec<u8>> = key_rows(&partial)?.into_iter().collect();
-        let current = self.state_rows()?;
-        let mask: BooleanArray = key_rows(&current)?
-            .iter()
-            .map(|k| Some(touched.contains(k)))
-            .collect();
-        let old = filter_record_batch(&current, &mask)?;
+        let old = self.state.get_groups(&partial)?;
         let combined = concat_batches(&schema, [&old, &partial])?;
         let as_i64 = |c: &ArrayRef| -> Result<Vec<i64>> {
             let c = cast(c, &DataType::Int64)?;
@@ -810,6 +776,11 @@ impl AggregateOperator {
     /// Commits the state as `version` (batch N commits N + 1).
     pub fn commit(&mut self, version: u64) -> Result<StateMetrics> {
         self.state.commit(version)
+    }
+
+    /// State maintenance, after the batch's commit log.
+    pub fn maintain(&mut self) -> Result<()> {
+        self.state.maintain()
     }
 
     /// Final rows `[window_start, window_end, keys..., aggregates...]` in the shape of the
@@ -848,6 +819,22 @@ impl AggregateOperator {
 }
 
 type ArrayRefs = Vec<ArrayRef>;
+
+/// Index of the key-time column in state rows, and in the aggregation's input rows.
+fn key_time_columns(info: &AggregateInfo, input_schema: &Schema) -> Option<(usize, usize)> {
+    let window_cols = if info.window.is_some() { 2 } else { 0 };
+    let n_pre = input_schema.fields().len() - window_cols;
+    match info.key_time? {
+        KeyTime::Window => Some((1, n_pre + 1)),
+        KeyTime::Column(i) => {
+            let Expr::Column(c) = &info.keys[i] else {
+                return None;
+            };
+            let input_idx = input_schema.index_of(&c.name).ok()?;
+            Some((i + window_cols, input_idx))
+        }
+    }
+}
 
 /// The stateless part of a plan: the `Aggregate`'s input.
 pub fn stateless_part(plan: &LogicalPlan) -> Option<LogicalPlan> {

@@ -249,6 +249,7 @@ impl Engine {
                 "checkpoint_location",
                 "watermark",
                 "state_partitions",
+                "state_store",
             ],
         )?;
         match cs.options.get("connector").unwrap_or("delta") {
@@ -267,6 +268,8 @@ impl Engine {
             .positive_int("state_partitions")?
             .map(|n| n as usize)
             .unwrap_or(DEFAULT_STATE_PARTITIONS);
+        let state_store =
+            crate::state::StoreKind::parse(cs.options.get("state_store").unwrap_or("memory"))?;
         let stream_name = single_stream(&crate::sql::expand_window_refs(&cs.query)?, cat)?;
         let stream = cat
             .stream(&stream_name)
@@ -305,6 +308,7 @@ impl Engine {
                 error: None,
                 owns_checkpoint,
                 state_partitions,
+                state_store,
             },
             shape,
         ))

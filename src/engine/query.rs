@@ -35,8 +35,7 @@ use crate::sink::delta::{DeltaSink, SinkCommit, WriteMode};
 use crate::source::file::{FileSourceConfig, ListedFile};
 use crate::sql::options::Trigger;
 use crate::sql::parser::{WatermarkSpec, parse_watermark_option};
-use crate::state::memory::MemoryStateStore;
-use crate::state::{StateMetrics, StateStore};
+use crate::state::StateMetrics;
 
 /// How often the default trigger looks for new files when idle.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
@@ -229,13 +228,14 @@ pub async fn explain(def: &SinkDef, stream: &StreamDef, shape: &SinkShape) -> Re
                 lines.push(format!("  {l}"));
             }
             lines.push(format!(
-                "  StatefulAggregate: keys=[{}] aggregates=[{}] state=memory partitions={}",
+                "  StatefulAggregate: keys=[{}] aggregates=[{}] state={} partitions={}",
                 a.group_names.join(", "),
                 a.aggregates
                     .iter()
                     .map(|e| e.human_display().to_string())
                     .collect::<Vec<_>>()
                     .join(", "),
+                def.state_store.as_str(),
                 def.state_partitions
             ));
             let dur =
@@ -494,15 +494,14 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         Some(info) => {
             let pre_schema = stateless_schema(&ctx, &shape.sql, &task.stream).await?;
             let dir = ckpt.root().join("state").join("0");
-            let partitions = def.state_partitions;
-            let mut op =
-                AggregateOperator::try_new(info.clone(), mode, &pre_schema, |schema, keys| {
-                    Ok(
-                        Box::new(MemoryStateStore::open(&dir, schema, keys, partitions)?)
-                            as Box<dyn StateStore>,
-                    )
-                })
-                .await?;
+            let mut op = AggregateOperator::try_new(
+                info.clone(),
+                mode,
+                &pre_schema,
+                def.state_partitions,
+                |layout| crate::state::open(def.state_store, &dir, layout),
+            )
+            .await?;
             // Batch N reads state version N.
             op.state_mut().load(next_batch)?;
             Some(op)
@@ -658,6 +657,10 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                     },
                 )?;
                 durations.insert("commitOffsets".into(), t.elapsed().as_millis() as u64);
+                crate::testing::crash_point("after_commit_log");
+                if let Some(op) = runner.operator.as_mut() {
+                    op.maintain()?;
+                }
                 let elapsed = trigger_start.elapsed();
                 durations.insert("triggerExecution".into(), elapsed.as_millis() as u64);
                 runner.report(

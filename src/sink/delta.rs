@@ -19,9 +19,11 @@ use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::ExecutionPlan;
 use deltalake::DeltaTable;
 use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
-use deltalake::kernel::transaction::CommitProperties;
-use deltalake::kernel::{StructType, Transaction};
+use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
+use deltalake::kernel::{Action, StructType, Transaction};
+use deltalake::protocol::DeltaOperation;
 use deltalake::protocol::SaveMode;
+use deltalake::writer::{DeltaWriter, RecordBatchWriter};
 use tokio::sync::Mutex;
 use url::Url;
 
@@ -145,21 +147,17 @@ impl DeltaSink {
                     serde_json::json!(mode.spark_name()),
                 ),
             ]);
-        if batches.is_empty() && !matches!(mode, WriteMode::Merge { .. }) {
+        if batches.is_empty() && *mode == WriteMode::Overwrite {
             // Spark commits every batch, empty and no-data ones too (spec §11.2); delta-rs
             // needs at least one batch to write.
             batches.push(RecordBatch::new_empty(schema.clone()));
         }
         let result = match mode {
-            WriteMode::Append | WriteMode::Overwrite => {
-                let save = if *mode == WriteMode::Append {
-                    SaveMode::Append
-                } else {
-                    SaveMode::Overwrite
-                };
+            WriteMode::Append => self.append(table, batches, props).await,
+            WriteMode::Overwrite => {
                 table
                     .write(batches)
-                    .with_save_mode(save)
+                    .with_save_mode(SaveMode::Overwrite)
                     .with_commit_properties(props)
                     .await
             }
@@ -220,6 +218,37 @@ impl DeltaSink {
                 Err(delta_err(&self.path, e))
             }
         }
+    }
+}
+
+impl DeltaSink {
+    /// Appends in two steps, data files then the log entry, so that a crash between them
+    /// (crash point `sink_files_written`) can be tested: the files are then orphans that no
+    /// reader sees, and the replayed batch writes new ones.
+    async fn append(
+        &self,
+        mut table: DeltaTable,
+        batches: Vec<RecordBatch>,
+        props: CommitProperties,
+    ) -> deltalake::DeltaResult<DeltaTable> {
+        let mut writer = RecordBatchWriter::for_table(&table)?;
+        for b in batches.into_iter().filter(|b| b.num_rows() > 0) {
+            writer.write(b).await?;
+        }
+        let actions: Vec<Action> = writer.flush().await?.into_iter().map(Action::Add).collect();
+        crate::testing::crash_point("sink_files_written");
+        let operation = DeltaOperation::Write {
+            mode: SaveMode::Append,
+            partition_by: None,
+            predicate: None,
+        };
+        let snapshot = table.snapshot()?.clone();
+        let finalized = CommitBuilder::from(props)
+            .with_actions(actions)
+            .build(Some(&snapshot), table.log_store(), operation)
+            .await?;
+        table.state = Some(finalized.snapshot());
+        Ok(table)
     }
 }
 

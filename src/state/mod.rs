@@ -5,23 +5,37 @@
 //! partial states). Batch `N` loads version `N` and commits version `N + 1`, as Spark does,
 //! so a replayed batch recomputes its version from the one before (spec §1.5, §9.1).
 //!
-//! [`memory::MemoryStateStore`] is the default: everything in memory, made durable by one
-//! delta file per batch and partition plus a snapshot every [`SNAPSHOT_INTERVAL`] versions
-//! under `<checkpoint>/state/<operator>/<partition>/`. Keys are spread over a fixed number
-//! of partitions (`state_partitions`), which a checkpoint fixes once it exists (§9.3).
+//! [`kv::KvState`] encodes rows as sortable byte keys and values (Arrow's row format) over
+//! a [`kv::Backend`]:
+//! - [`memory::MemoryBackend`] (the default, `state_store = 'memory'`): a sorted map in
+//!   memory, made durable by one delta file per version and a snapshot every
+//!   [`SNAPSHOT_INTERVAL`] versions;
+//! - `rocks::RocksBackend` (`state_store = 'rocksdb'`, cargo feature `rocksdb`): a RocksDB
+//!   database on disk, made durable by one RocksDB checkpoint per version, so memory stays
+//!   bounded however many keys the state holds.
+//!
+//! The operator reads only what a batch needs: the stored rows of the keys it touched
+//! ([`StateStore::get`]), the sessions of its group keys ([`StateStore::get_groups`]), the
+//! rows the watermark has closed ([`StateStore::expired`], through a time index), and for
+//! complete mode every row ([`StateStore::rows`]).
 
+pub mod kv;
 pub mod memory;
+#[cfg(feature = "rocksdb")]
+pub mod rocks;
+
+use std::path::Path;
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
-/// A new snapshot every this many versions.
+/// A new snapshot every this many versions (memory store).
 pub const SNAPSHOT_INTERVAL: u64 = 10;
 
 /// The version of the on-disk state encoding.
-pub const STATE_FORMAT_VERSION: u32 = 1;
+pub const STATE_FORMAT_VERSION: u32 = 2;
 
 /// What a commit changed, for progress reports.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -38,6 +52,88 @@ pub struct StateMetrics {
     pub commit_ms: u64,
 }
 
+/// Which store keeps a sink's state (`state_store = ...`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    #[default]
+    Memory,
+    Rocksdb,
+}
+
+impl StoreKind {
+    pub fn parse(s: &str) -> Result<StoreKind> {
+        match s.to_ascii_lowercase().as_str() {
+            "memory" => Ok(StoreKind::Memory),
+            "rocksdb" => {
+                if cfg!(feature = "rocksdb") {
+                    Ok(StoreKind::Rocksdb)
+                } else {
+                    Err(Error::Unsupported {
+                        message: "state_store = 'rocksdb' needs a build with the rocksdb feature"
+                            .into(),
+                        hint: Some(
+                            "Rebuild with `cargo build --release --features rocksdb`, or use \
+                             state_store = 'memory'."
+                                .into(),
+                        ),
+                    })
+                }
+            }
+            other => Err(Error::InvalidOption {
+                message: format!("unknown state_store '{other}'"),
+                hint: Some("state_store is 'memory' or 'rocksdb'.".into()),
+            }),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreKind::Memory => "memory",
+            StoreKind::Rocksdb => "rocksdb",
+        }
+    }
+}
+
+/// The shape of an operator's state rows.
+#[derive(Debug, Clone)]
+pub struct StateLayout {
+    pub schema: SchemaRef,
+    /// The first `key_columns` columns are the key.
+    pub key_columns: usize,
+    /// The first `window_columns` key columns are the window (0 or 2); the rest of the key
+    /// is the group, which [`StateStore::get_groups`] looks up.
+    pub window_columns: usize,
+    /// The key column whose time closes a row (window end, or a grouped event-time
+    /// column), if the watermark evicts.
+    pub time_column: Option<usize>,
+    /// Keys are spread over this many partitions, fixed by the checkpoint.
+    pub partitions: usize,
+}
+
+/// Opens the store of kind `kind` in `dir` (the operator's state directory).
+pub fn open(kind: StoreKind, dir: &Path, layout: StateLayout) -> Result<Box<dyn StateStore>> {
+    match kind {
+        StoreKind::Memory => Ok(Box::new(kv::KvState::open(
+            dir,
+            layout,
+            kind,
+            memory::MemoryBackend::new(dir),
+        )?)),
+        #[cfg(feature = "rocksdb")]
+        StoreKind::Rocksdb => {
+            let backend = rocks::RocksBackend::new(dir)?;
+            Ok(Box::new(kv::KvState::open(dir, layout, kind, backend)?))
+        }
+        #[cfg(not(feature = "rocksdb"))]
+        StoreKind::Rocksdb => StoreKind::parse("rocksdb").and_then(|_| {
+            Err(Error::Internal(
+                "rocksdb accepted by a build without it".into(),
+            ))
+        }),
+    }
+}
+
 /// The state of one stateful operator.
 pub trait StateStore: Send + Sync {
     /// The schema of state rows: key columns first.
@@ -46,13 +142,27 @@ pub trait StateStore: Send + Sync {
     /// Makes the state what it was at `version` (0 = empty).
     fn load(&mut self, version: u64) -> Result<()>;
 
+    /// The stored rows whose keys equal those of `keys`' rows (key columns first).
+    fn get(&self, keys: &RecordBatch) -> Result<RecordBatch>;
+
+    /// The stored rows whose group (the key columns after the window) equals that of one of
+    /// `rows`' rows.
+    fn get_groups(&self, rows: &RecordBatch) -> Result<RecordBatch>;
+
+    /// The stored rows whose time column is at or before `wm_us` (never those without time).
+    fn expired(&self, wm_us: i64) -> Result<RecordBatch>;
+
     /// Every row of the current state.
     fn rows(&self) -> Result<Vec<RecordBatch>>;
 
-    /// Upserts `rows` (by key) and removes the rows whose keys are in `removed` (a batch of
-    /// key columns only). Visible to [`StateStore::rows`] at once; durable at commit.
+    /// Upserts `rows` (by key) and removes the rows whose keys are in `removed` (a batch
+    /// whose first columns are the key columns). Visible at once; durable at commit.
     fn apply(&mut self, rows: &RecordBatch, removed: &RecordBatch) -> Result<()>;
 
     /// Makes the current state durable as `version`.
     fn commit(&mut self, version: u64) -> Result<StateMetrics>;
+
+    /// Background work after the batch's commit log: snapshots and removal of versions no
+    /// longer needed. A crash before or during it loses nothing.
+    fn maintain(&mut self) -> Result<()>;
 }
