@@ -1,8 +1,12 @@
 //! Crash points for crash tests.
 //!
 //! `TIDEMARK_CRASH_AT=<point>[@<n>]` makes the process abort (no cleanup, like SIGKILL) the
-//! `n`-th time (default: first) execution reaches `crash_point("<point>")`. Points:
-//! `after_offsets_write`, `before_sink_commit`, `after_sink_commit`.
+//! `n`-th time (default: first) execution reaches `crash_point("<point>")`. Points, in the
+//! order a micro-batch reaches them (docs/guarantees.md says what each crash does):
+//! `after_source_log_write`, `after_offsets_write`, `before_sink_commit` (after the state
+//! commit), `sink_files_written` (data files written, no log entry yet), `after_sink_commit`,
+//! `after_commit_log`, and `mid_state_snapshot` (a snapshot or RocksDB checkpoint written but
+//! not yet renamed into place).
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -539,9 +539,12 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         .operator
         .as_ref()
         .is_some_and(|o| o.wants_no_data_batches());
-    // A no-data batch is due when the watermark moved past the last batch's (spec §1.3);
-    // never for the first batch of a run.
-    let mut no_data_due = false;
+    // A no-data batch is due when the watermark moved past the last batch's (spec §1.3).
+    // Spark never runs one as the first batch of a run; Tidemark does when the previous
+    // run ended owing one and no new data is there (after a crash right after the commit
+    // log, say), so that a restart emits what an uninterrupted run would have.
+    let mut no_data_due =
+        wants_no_data && pending.is_none() && next_batch > 0 && global_wm > last_batch_wm;
     let mut prev_trigger_start: Option<Instant> = None;
     let mut trigger_no: u64 = 0;
     loop {
@@ -568,7 +571,12 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
             Some(p) => Some(p),
             None => {
                 let t = Instant::now();
+                // A source-log entry that no batch covers yet (written just before a crash
+                // that came before its offsets entry) is the next batch by itself, so a
+                // restart plans the same batches as an uninterrupted run.
+                let unplanned = last_log.is_some() && last_log > committed_end;
                 let listed = match &fixed {
+                    _ if unplanned => vec![],
                     Some(f) => f.clone(),
                     None => source.list()?,
                 };
@@ -587,6 +595,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                 if !new.is_empty() {
                     let k = last_log.map_or(0, |k| k + 1);
                     log.write(k, &new)?;
+                    crate::testing::crash_point("after_source_log_write");
                     seen.extend(new.into_iter().map(|f| f.path));
                     last_log = Some(k);
                 }

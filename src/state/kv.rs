@@ -65,6 +65,20 @@ fn describe_fields(schema: &Schema) -> Vec<String> {
         .collect()
 }
 
+/// The store kind recorded in an operator state directory.
+pub fn stored_kind(dir: &Path) -> Result<StoreKind> {
+    let meta_file = dir.join("_metadata");
+    let text = std::fs::read_to_string(&meta_file)
+        .map_err(|e| Error::io(format!("reading {}", meta_file.display()), e))?;
+    let found: Metadata = serde_json::from_str(&text).map_err(|e| {
+        Error::Internal(format!(
+            "corrupt state metadata {}: {e}",
+            meta_file.display()
+        ))
+    })?;
+    Ok(found.store)
+}
+
 /// Writes the metadata of a new store, or checks that of an existing one.
 fn check_metadata(dir: &Path, meta: &Metadata) -> Result<()> {
     let meta_file = dir.join("_metadata");

@@ -14,7 +14,7 @@
 //! after it, in order. Files of versions after `v` (left by a batch that crashed before its
 //! commit log) are ignored and overwritten when that version is committed again. Snapshots
 //! are written after the commit log ([`Backend::maintain`]), every
-//! [`SNAPSHOT_INTERVAL`] versions, through a temporary file and a rename.
+//! [`super::SNAPSHOT_INTERVAL`] versions, through a temporary file and a rename.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -26,8 +26,8 @@ use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef
 use datafusion::arrow::ipc::reader::FileReader;
 use datafusion::arrow::ipc::writer::FileWriter;
 
-use super::SNAPSHOT_INTERVAL;
 use super::kv::Backend;
+use super::snapshot_interval;
 use crate::checkpoint::MIN_BATCHES_TO_RETAIN;
 use crate::error::{Error, Result};
 use crate::fsutil::{create_dir_all, write_atomic_then};
@@ -264,7 +264,8 @@ impl Backend for MemoryBackend {
 
     fn maintain(&mut self) -> Result<()> {
         let version = self.version;
-        if version == 0 || !version.is_multiple_of(SNAPSHOT_INTERVAL) {
+        let interval = snapshot_interval();
+        if version == 0 || !version.is_multiple_of(interval) {
             return Ok(());
         }
         let bytes = Self::encode(self.map.iter().map(|(k, (v, t))| (k, Some((v, *t)))))?;
@@ -274,7 +275,7 @@ impl Backend for MemoryBackend {
             || crate::testing::crash_point("mid_state_snapshot"),
         )?;
         // Keep what loading any of the last MIN_BATCHES_TO_RETAIN versions needs.
-        let keep_from = version.saturating_sub(MIN_BATCHES_TO_RETAIN + SNAPSHOT_INTERVAL);
+        let keep_from = version.saturating_sub(MIN_BATCHES_TO_RETAIN + interval);
         for ext in [".delta", ".snapshot"] {
             for v in self.versions(ext).into_iter().filter(|&v| v < keep_from) {
                 let _ = std::fs::remove_file(self.dir.join(format!("{v}{ext}")));

@@ -31,8 +31,18 @@ use datafusion::arrow::record_batch::RecordBatch;
 
 use crate::error::{Error, Result};
 
-/// A new snapshot every this many versions (memory store).
+/// A new snapshot every this many versions (memory store), unless
+/// `TIDEMARK_STATE_SNAPSHOT_INTERVAL` says otherwise.
 pub const SNAPSHOT_INTERVAL: u64 = 10;
+
+/// The snapshot interval in effect: [`SNAPSHOT_INTERVAL`] or the environment's.
+pub fn snapshot_interval() -> u64 {
+    std::env::var("TIDEMARK_STATE_SNAPSHOT_INTERVAL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(SNAPSHOT_INTERVAL)
+}
 
 /// The version of the on-disk state encoding.
 pub const STATE_FORMAT_VERSION: u32 = 2;
@@ -132,6 +142,27 @@ pub fn open(kind: StoreKind, dir: &Path, layout: StateLayout) -> Result<Box<dyn 
             ))
         }),
     }
+}
+
+/// Every entry of the operator state in `dir` at `version`, as the stored key and value
+/// bytes, in key order: for tests and tools that compare states.
+pub fn dump(dir: &Path, version: u64) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    use kv::Backend;
+    let mut out = Vec::new();
+    let mut collect = |b: &mut dyn Backend| -> Result<()> {
+        b.load(version)?;
+        b.scan_prefix(&[], &mut |k, v| out.push((k.to_vec(), v.to_vec())))
+    };
+    match kv::stored_kind(dir)? {
+        StoreKind::Memory => collect(&mut memory::MemoryBackend::new(dir))?,
+        #[cfg(feature = "rocksdb")]
+        StoreKind::Rocksdb => collect(&mut rocks::RocksBackend::new(dir)?)?,
+        #[cfg(not(feature = "rocksdb"))]
+        StoreKind::Rocksdb => {
+            StoreKind::parse("rocksdb")?;
+        }
+    }
+    Ok(out)
 }
 
 /// The state of one stateful operator.

@@ -224,32 +224,55 @@ async fn crash_after_sink_commit_skips_the_committed_batch() {
     crash_at("after_sink_commit").await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_between_delta_files_and_log_entry_replays_the_batch() {
+    crash_at("sink_files_written").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_commit_log_resumes_with_the_next_batch() {
+    crash_at("after_commit_log").await;
+}
+
 /// The windowed pipeline over the `out_of_order` case's files (400 events, 6 files, rows up
-/// to 9 minutes out of order): create, then wait until the sink finished.
+/// to 9 minutes out of order), its state in `store`: create, then wait until the sink
+/// finished. Memory-store snapshots every 2 versions, so a run crosses several.
 async fn windowed_run(
     data_dir: &Path,
     landing: &Path,
     port: u16,
-    env: &[(&str, &str)],
+    crash_at: Option<&str>,
+    store: &str,
 ) -> Option<TestServer> {
-    let mut server = TestServer::start(data_dir, port, env).await;
+    let mut env = vec![("TIDEMARK_STATE_SNAPSHOT_INTERVAL", "2")];
+    if let Some(spec) = crash_at {
+        env.push(("TIDEMARK_CRASH_AT", spec));
+    }
+    let mut server = TestServer::start(data_dir, port, &env).await;
     let client = server.connect().await;
     client
         .batch_execute(&format!(
             "CREATE STREAM IF NOT EXISTS clicks (user_id TEXT, page TEXT, event_time TIMESTAMP, \
              duration_s DOUBLE PRECISION, WATERMARK FOR event_time AS event_time - INTERVAL '10 minutes') \
              WITH (format = 'json', path = '{}', max_files_per_trigger = 1);
-             CREATE SINK IF NOT EXISTS views WITH (trigger = 'available_now') AS \
+             CREATE SINK IF NOT EXISTS views WITH (trigger = 'available_now', state_store = '{store}') AS \
              SELECT window.start AS window_start, page, count(*) AS n, sum(duration_s) AS total \
              FROM clicks GROUP BY window(event_time, '5 minutes'), page",
             landing.display()
         ))
         .await
         .unwrap();
-    if !env.is_empty() {
-        // Armed: the process dies at the crash point.
+    if let Some(spec) = crash_at {
         let status = server.wait_exit().await;
-        assert!(!status.success(), "expected a crash");
+        assert!(!status.success(), "expected a crash at {spec}");
+        let point = spec.split('@').next().unwrap();
+        assert!(
+            server
+                .log()
+                .contains(&format!("crash point {point} reached")),
+            "{spec}: {}",
+            server.log()
+        );
         return None;
     }
     poll("the windowed sink to finish", || async {
@@ -261,6 +284,26 @@ async fn windowed_run(
     })
     .await;
     Some(server)
+}
+
+/// The watermark in a sink's last commit-log entry.
+pub fn final_watermark(data_dir: &Path, sink: &str) -> i64 {
+    let n = committed_batches(data_dir, sink);
+    let file = data_dir
+        .join("checkpoints")
+        .join(sink)
+        .join("commits")
+        .join((n - 1).to_string());
+    let text = std::fs::read_to_string(file).unwrap();
+    let json: serde_json::Value = serde_json::from_str(text.lines().nth(1).unwrap()).unwrap();
+    json["nextBatchWatermarkMs"].as_i64().unwrap()
+}
+
+/// The sink's state at its last committed version, as stored bytes.
+pub fn state_dump(data_dir: &Path, sink: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let n = committed_batches(data_dir, sink) as u64;
+    let dir = data_dir.join("checkpoints").join(sink).join("state/0");
+    tidemark::state::dump(&dir, n).unwrap()
 }
 
 async fn status_of(client: &Client, name: &str) -> Option<String> {
@@ -307,16 +350,24 @@ fn land_case(landing: &Path) {
     }
 }
 
-/// A crash at every batch boundary (after each batch's sink commit, before its commit log;
-/// and after each offsets write) gives the same final table, state and batch count as an
-/// uninterrupted run (issue: "a restart at any batch boundary").
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn windowed_crash_at_every_batch_equals_an_uninterrupted_run() {
+/// The state stores this build has.
+pub fn stores() -> Vec<&'static str> {
+    let mut s = vec!["memory"];
+    if cfg!(feature = "rocksdb") {
+        s.push("rocksdb");
+    }
+    s
+}
+
+/// A crash at every crash point of every batch gives the same final table, state, watermark
+/// and batch count as an uninterrupted run.
+async fn windowed_crash_everywhere(store: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let landing = tmp.path().join("landing");
     land_case(&landing);
     let port = free_port();
-    let reference = windowed_run(&tmp.path().join("ref"), &landing, port, &[])
+    let ref_dir = tmp.path().join("ref");
+    let reference = windowed_run(&ref_dir, &landing, port, None, store)
         .await
         .unwrap();
     let want = windowed_table(&reference).await;
@@ -326,26 +377,66 @@ async fn windowed_crash_at_every_batch_equals_an_uninterrupted_run() {
         want.len()
     );
     reference.stop().await;
-    // 6 data batches and one no-data batch: batch ids 0..=6.
-    for point in [
-        "after_sink_commit",
-        "after_offsets_write",
-        "before_sink_commit",
+    // 6 data batches and one no-data batch: batch ids 0..=6, state versions 1..=7.
+    let want_state = state_dump(&ref_dir, "views");
+    let want_wm = final_watermark(&ref_dir, "views");
+    assert!(!want_state.is_empty() && want_wm > 0);
+    let snapshot_hits = if store == "memory" { 3 } else { 7 };
+    let mut runs = 0;
+    for (point, hits) in [
+        ("after_source_log_write", 6),
+        ("after_offsets_write", 7),
+        ("before_sink_commit", 7),
+        ("sink_files_written", 7),
+        ("after_sink_commit", 7),
+        ("after_commit_log", 7),
+        ("mid_state_snapshot", snapshot_hits),
     ] {
-        for n in 1..=7 {
+        for n in 1..=hits {
             let data_dir = tmp.path().join(format!("{point}-{n}"));
             let spec = format!("{point}@{n}");
             assert!(
-                windowed_run(&data_dir, &landing, port, &[("TIDEMARK_CRASH_AT", &spec)])
+                windowed_run(&data_dir, &landing, port, Some(&spec), store)
                     .await
                     .is_none()
             );
-            let server = windowed_run(&data_dir, &landing, port, &[]).await.unwrap();
+            let server = windowed_run(&data_dir, &landing, port, None, store)
+                .await
+                .unwrap();
             let got = windowed_table(&server).await;
-            assert_eq!(got, want, "crash at {spec}: the final table differs");
-            let commits = committed_batches(&data_dir, "views");
-            assert_eq!(commits, 7, "crash at {spec}: batches committed");
+            assert_eq!(
+                got, want,
+                "{store}, crash at {spec}: the final table differs"
+            );
             server.stop().await;
+            assert_eq!(
+                committed_batches(&data_dir, "views"),
+                7,
+                "{store}, crash at {spec}: batches committed"
+            );
+            assert_eq!(
+                state_dump(&data_dir, "views"),
+                want_state,
+                "{store}, crash at {spec}: the final state differs"
+            );
+            assert_eq!(
+                final_watermark(&data_dir, "views"),
+                want_wm,
+                "{store}, crash at {spec}: the final watermark differs"
+            );
+            runs += 1;
         }
     }
+    eprintln!("{store}: {runs} crash runs equal the uninterrupted run");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn windowed_crash_everywhere_memory_store() {
+    windowed_crash_everywhere("memory").await;
+}
+
+#[cfg(feature = "rocksdb")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn windowed_crash_everywhere_rocksdb_store() {
+    windowed_crash_everywhere("rocksdb").await;
 }

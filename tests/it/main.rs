@@ -6,4 +6,5 @@ mod oracle;
 mod property;
 mod run;
 mod slt;
+mod soak;
 mod wire;
