@@ -363,3 +363,160 @@ mod tests {
         assert_eq!(Checkpoint::open(dir.path()).unwrap().id, ck.id);
     }
 }
+
+/// What a checkpoint was written for: the parts of a sink's definition that its offsets and
+/// state depend on (spec §9.3–9.4), kept in `<checkpoint>/tidemark.json`. Triggers, rate
+/// limits, filters before the stateful operator and projections after it are not in it:
+/// changing them is safe.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointDefinition {
+    /// `connector:path (format)` of the source.
+    pub source: String,
+    /// Group keys of the stateful operator (empty for a stateless sink).
+    pub group_keys: Vec<String>,
+    /// Aggregates of the stateful operator.
+    pub aggregates: Vec<String>,
+    /// The event-time column of the watermark, if any.
+    pub watermark_column: Option<String>,
+    pub output_mode: String,
+    pub state_partitions: usize,
+    pub state_store: String,
+}
+
+impl CheckpointDefinition {
+    /// The first difference that makes `self` (the checkpoint's) unusable for `wanted`.
+    fn incompatibility(&self, wanted: &CheckpointDefinition) -> Option<String> {
+        let list = |v: &[String]| {
+            if v.is_empty() {
+                "none".to_string()
+            } else {
+                v.join(", ")
+            }
+        };
+        if self.source != wanted.source {
+            return Some(format!(
+                "the source changed from {} to {}",
+                self.source, wanted.source
+            ));
+        }
+        if self.group_keys != wanted.group_keys {
+            return Some(format!(
+                "the group keys changed from [{}] to [{}]",
+                list(&self.group_keys),
+                list(&wanted.group_keys)
+            ));
+        }
+        if self.aggregates != wanted.aggregates {
+            return Some(format!(
+                "the aggregates changed from [{}] to [{}]",
+                list(&self.aggregates),
+                list(&wanted.aggregates)
+            ));
+        }
+        if self.watermark_column != wanted.watermark_column {
+            let col = |c: &Option<String>| c.clone().unwrap_or_else(|| "none".into());
+            return Some(format!(
+                "the watermark column changed from {} to {}",
+                col(&self.watermark_column),
+                col(&wanted.watermark_column)
+            ));
+        }
+        if self.output_mode != wanted.output_mode {
+            return Some(format!(
+                "the output mode changed from {} to {}",
+                self.output_mode, wanted.output_mode
+            ));
+        }
+        if self.state_partitions != wanted.state_partitions {
+            return Some(format!(
+                "state_partitions changed from {} to {}",
+                self.state_partitions, wanted.state_partitions
+            ));
+        }
+        if self.state_store != wanted.state_store {
+            return Some(format!(
+                "state_store changed from '{}' to '{}'",
+                self.state_store, wanted.state_store
+            ));
+        }
+        None
+    }
+}
+
+const DEFINITION_FILE: &str = "tidemark.json";
+
+/// Checks that the checkpoint at `root` (if it has a recorded definition) can serve
+/// `wanted`; names the change if not.
+pub fn check_definition(root: &Path, sink: &str, wanted: &CheckpointDefinition) -> Result<()> {
+    let file = root.join(DEFINITION_FILE);
+    let text = match std::fs::read_to_string(&file) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(format!("reading {}", file.display()), e)),
+    };
+    let found: CheckpointDefinition = serde_json::from_str(&text).map_err(|e| {
+        Error::Internal(format!(
+            "corrupt checkpoint definition {}: {e}",
+            file.display()
+        ))
+    })?;
+    match found.incompatibility(wanted) {
+        None => Ok(()),
+        Some(change) => Err(Error::IncompatibleCheckpoint {
+            message: format!(
+                "sink \"{sink}\" cannot continue from checkpoint \"{}\": {change}",
+                root.display()
+            ),
+            hint: "Restore the previous definition, or use a new checkpoint_location (the \
+                   query then starts over from the first file)."
+                .into(),
+        }),
+    }
+}
+
+/// Checks, then records, the definition the checkpoint at `root` serves.
+pub fn record_definition(root: &Path, sink: &str, wanted: &CheckpointDefinition) -> Result<()> {
+    check_definition(root, sink, wanted)?;
+    let file = root.join(DEFINITION_FILE);
+    if !file.exists() {
+        write_atomic(&file, to_json(wanted)?.as_bytes())?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod definition_tests {
+    use super::*;
+
+    fn def() -> CheckpointDefinition {
+        CheckpointDefinition {
+            source: "file:/in (json)".into(),
+            group_keys: vec!["page".into()],
+            aggregates: vec!["count(1)".into()],
+            watermark_column: Some("event_time".into()),
+            output_mode: "append".into(),
+            state_partitions: 4,
+            state_store: "memory".into(),
+        }
+    }
+
+    #[test]
+    fn incompatible_definitions_are_named_and_safe_ones_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        record_definition(dir.path(), "s", &def()).unwrap();
+        record_definition(dir.path(), "s", &def()).unwrap();
+        let mut other = def();
+        other.state_store = "rocksdb".into();
+        let e = check_definition(dir.path(), "s", &other).unwrap_err();
+        assert_eq!(e.sqlstate().code(), "55000");
+        assert!(
+            e.to_string()
+                .ends_with("state_store changed from 'memory' to 'rocksdb'"),
+            "{e}"
+        );
+        // A checkpoint without a recorded definition (older, or new) accepts any.
+        let fresh = tempfile::tempdir().unwrap();
+        check_definition(fresh.path(), "s", &other).unwrap();
+    }
+}

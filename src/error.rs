@@ -86,6 +86,9 @@ pub enum Error {
     /// An object that is not in the state the statement needs (a stopped sink, say).
     #[error("{0}")]
     WrongState(String),
+    /// A checkpoint that the sink's (new) definition cannot continue from (spec §9.4).
+    #[error("{message}")]
+    IncompatibleCheckpoint { message: String, hint: String },
     /// A file or directory could not be read or written.
     #[error("{context}: {source}")]
     Io {
@@ -121,6 +124,7 @@ impl Error {
             Error::Unsupported { .. } => SqlState::FeatureNotSupported,
             Error::InvalidOption { .. } => SqlState::InvalidParameterValue,
             Error::WrongState(_) => SqlState::ObjectNotInPrerequisiteState,
+            Error::IncompatibleCheckpoint { .. } => SqlState::ObjectNotInPrerequisiteState,
             Error::Io { .. } => SqlState::IoError,
             Error::Delta { .. } => SqlState::IoError,
             Error::DataFusion(e) => classify_datafusion(e),
@@ -132,6 +136,7 @@ impl Error {
     pub fn hint(&self) -> Option<String> {
         match self {
             Error::Unsupported { hint, .. } | Error::InvalidOption { hint, .. } => hint.clone(),
+            Error::IncompatibleCheckpoint { hint, .. } => Some(hint.clone()),
             _ => None,
         }
     }

@@ -190,6 +190,7 @@ impl Engine {
             }
             TidemarkStatement::StopSink { name } => self.stop_sink(&name).await,
             TidemarkStatement::StartSink { name } => self.start_sink(&name).await,
+            TidemarkStatement::AlterSink { name, options } => self.alter_sink(&name, options).await,
             TidemarkStatement::Flush { sink } => self.flush(sink.as_deref()).await,
         }
     }
@@ -250,6 +251,7 @@ impl Engine {
                 "watermark",
                 "state_partitions",
                 "state_store",
+                "max_files_per_trigger",
             ],
         )?;
         match cs.options.get("connector").unwrap_or("delta") {
@@ -333,6 +335,13 @@ impl Engine {
                 def.checkpoint.display()
             )));
         }
+        // A checkpoint from an earlier sink must be able to serve this one (spec §9.4).
+        let stream = cat.stream(&def.stream).expect("checked by sink_def");
+        crate::checkpoint::check_definition(
+            &def.checkpoint,
+            &def.name,
+            &query::checkpoint_definition(&def, stream, &shape),
+        )?;
         ensure_table(&def.path, &def.name, &schema).await?;
         self.register_sink(&def).await?;
         cat.sinks.push(def.clone());
@@ -418,6 +427,75 @@ impl Engine {
             let _ = std::fs::remove_dir_all(&def.checkpoint);
         }
         Ok(Output::Command("DROP SINK".into()))
+    }
+
+    /// Applies safe changes (trigger, rate limit) to a sink; a running sink restarts with
+    /// them after its current batch.
+    async fn alter_sink(
+        &self,
+        name: &str,
+        options: crate::sql::options::Options,
+    ) -> Result<Output> {
+        const ALTERABLE: [&str; 2] = ["trigger", "max_files_per_trigger"];
+        for key in options.0.keys() {
+            if ALTERABLE.contains(&key.as_str()) {
+                continue;
+            }
+            let fixed = [
+                "connector",
+                "path",
+                "output_mode",
+                "checkpoint_location",
+                "watermark",
+                "state_partitions",
+                "state_store",
+            ];
+            return Err(if fixed.contains(&key.as_str()) {
+                Error::Unsupported {
+                    message: format!("option \"{key}\" of a sink cannot be altered"),
+                    hint: Some(
+                        "ALTER SINK changes trigger and max_files_per_trigger. For other \
+                         changes, drop the sink and create it again (with a new \
+                         checkpoint_location if its checkpoint cannot serve the new definition)."
+                            .into(),
+                    ),
+                }
+            } else {
+                Error::invalid_option(format!("unknown option \"{key}\" for a sink"))
+            });
+        }
+        let trigger = options.get("trigger").map(Trigger::parse).transpose()?;
+        options.positive_int("max_files_per_trigger")?;
+        let was_running = {
+            let cat = self.catalog.lock().await;
+            if cat.sink(name).is_none() {
+                return Err(Error::UndefinedObject {
+                    kind: "sink",
+                    name: name.to_string(),
+                });
+            }
+            self.is_running(name)
+        };
+        if was_running {
+            self.stop_query(name, StopReason::User).await;
+        }
+        let mut cat = self.catalog.lock().await;
+        let def = cat.sink_mut(name).ok_or_else(|| Error::UndefinedObject {
+            kind: "sink",
+            name: name.to_string(),
+        })?;
+        if let Some(t) = trigger {
+            def.trigger = t;
+        }
+        for (k, v) in options.0 {
+            def.options.0.insert(k, v);
+        }
+        let def = def.clone();
+        cat.save(&self.data_dir)?;
+        if was_running && def.state == SinkState::Running {
+            self.spawn(&cat, &def)?;
+        }
+        Ok(Output::Command("ALTER SINK".into()))
     }
 
     async fn stop_sink(&self, name: &str) -> Result<Output> {

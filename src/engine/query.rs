@@ -29,10 +29,12 @@ use super::progress::{
     Status, round_rate,
 };
 use crate::catalog::{SinkDef, StreamDef};
-use crate::checkpoint::{BatchId, Checkpoint, CommitEntry, OffsetMetadata, OffsetSeq};
+use crate::checkpoint::{
+    BatchId, Checkpoint, CheckpointDefinition, CommitEntry, OffsetMetadata, OffsetSeq,
+};
 use crate::error::{Error, Result};
 use crate::sink::delta::{DeltaSink, SinkCommit, WriteMode};
-use crate::source::file::{FileSourceConfig, ListedFile};
+use crate::source::file::{FileFormat, FileSourceConfig, ListedFile};
 use crate::sql::options::Trigger;
 use crate::sql::parser::{WatermarkSpec, parse_watermark_option};
 use crate::state::StateMetrics;
@@ -109,6 +111,40 @@ impl SinkShape {
             },
             _ => WriteMode::Append,
         }
+    }
+}
+
+/// What the sink's checkpoint depends on (spec §9.4).
+pub fn checkpoint_definition(
+    def: &SinkDef,
+    stream: &StreamDef,
+    shape: &SinkShape,
+) -> CheckpointDefinition {
+    let src = stream.source();
+    let format = match &src.format {
+        FileFormat::Json => "json",
+        FileFormat::Csv { .. } => "csv",
+        FileFormat::Parquet => "parquet",
+        FileFormat::Text => "text",
+    };
+    let (group_keys, aggregates) = match &shape.aggregate {
+        Some(a) => (
+            a.group_names.clone(),
+            a.aggregates
+                .iter()
+                .map(|e| e.human_display().to_string())
+                .collect(),
+        ),
+        None => (vec![], vec![]),
+    };
+    CheckpointDefinition {
+        source: format!("file:{} ({format})", src.path.display()),
+        group_keys,
+        aggregates,
+        watermark_column: shape.watermark.as_ref().map(|w| w.column.clone()),
+        output_mode: shape.mode.as_str().to_string(),
+        state_partitions: def.state_partitions,
+        state_store: def.state_store.as_str().to_string(),
     }
 }
 
@@ -467,7 +503,13 @@ fn delay_ms(wm: &WatermarkSpec) -> i64 {
 
 async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
     let def = task.def.clone();
-    let source = task.stream.source();
+    let mut source = task.stream.source();
+    // A sink's max_files_per_trigger overrides its stream's.
+    if let Some(n) = def.options.positive_int("max_files_per_trigger")? {
+        let mut s = (*source).clone();
+        s.max_files_per_trigger = Some(n);
+        source = Arc::new(s);
+    }
     let ckpt = Checkpoint::open(&def.checkpoint)?;
     let run_id = Uuid::new_v4();
     task.registry.update(&def.name, |s| {
@@ -479,6 +521,11 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
     let watermark = sink_watermark(&def, &task.stream)?;
     let mode = OutputMode::parse(&def.output_mode)?;
     let shape = analyze_sink(&def.query, &task.stream, watermark.clone(), mode).await?;
+    crate::checkpoint::record_definition(
+        ckpt.root(),
+        &def.name,
+        &checkpoint_definition(&def, &task.stream, &shape),
+    )?;
     let sink = DeltaSink::new(&def.path)?;
     sink.ensure_table(&def.name, &shape.schema).await?;
     let Resume {

@@ -94,7 +94,7 @@ fn is_tidemark(words: &[String]) -> bool {
         "CREATE" => matches!(w(1), "STREAM" | "SINK"),
         "DROP" => matches!(w(1), "STREAM" | "SINK"),
         "SHOW" => matches!(w(1), "STREAMS" | "SINKS" | "QUERIES"),
-        "STOP" | "START" => w(1) == "SINK",
+        "STOP" | "START" | "ALTER" => w(1) == "SINK",
         "FLUSH" => true,
         "EXPLAIN" => w(1) == "CREATE" && w(2) == "SINK",
         _ => false,

@@ -48,6 +48,11 @@ pub enum TidemarkStatement {
     StartSink {
         name: String,
     },
+    /// `ALTER SINK name SET (key = value, ...)`: safe changes, applied in place.
+    AlterSink {
+        name: String,
+        options: Options,
+    },
     /// Waits until the named sink (or every running sink) has processed what is available.
     Flush {
         sink: Option<String>,
@@ -191,6 +196,14 @@ fn parse_statement(p: &mut Parser) -> Result<TidemarkStatement> {
         return Ok(TidemarkStatement::StartSink {
             name: parse_name(p)?,
         });
+    }
+    if parse_word(p, "ALTER") {
+        expect_word(p, "SINK")?;
+        let name = parse_name(p)?;
+        expect_word(p, "SET")?;
+        // `SET (...)` reads like `WITH (...)`.
+        let options = parse_option_list(p)?;
+        return Ok(TidemarkStatement::AlterSink { name, options });
     }
     if parse_word(p, "FLUSH") {
         let sink = if parse_word(p, "SINK") {
@@ -360,10 +373,15 @@ fn parse_with_options(p: &mut Parser) -> Result<Option<Options>> {
     if !p.parse_keyword(Keyword::WITH) {
         return Ok(None);
     }
+    parse_option_list(p).map(Some)
+}
+
+/// `(key = value, ...)`.
+fn parse_option_list(p: &mut Parser) -> Result<Options> {
     p.expect_token(&Token::LParen)?;
     let mut pairs = Vec::new();
     if p.consume_token(&Token::RParen) {
-        return Ok(Some(Options::default()));
+        return Ok(Options::default());
     }
     loop {
         let mut key = option_atom(p, true)?;
@@ -379,7 +397,7 @@ fn parse_with_options(p: &mut Parser) -> Result<Option<Options>> {
         }
         p.expect_token(&Token::Comma)?;
     }
-    Options::try_from_pairs(pairs).map(Some)
+    Options::try_from_pairs(pairs)
 }
 
 fn option_atom(p: &mut Parser, is_key: bool) -> Result<String> {

@@ -97,10 +97,8 @@ fn check_metadata(dir: &Path, meta: &Metadata) -> Result<()> {
             meta_file.display()
         ))
     })?;
-    let incompatible = |message: String, hint: String| Error::InvalidOption {
-        message,
-        hint: Some(hint),
-    };
+    let incompatible =
+        |message: String, hint: String| Error::IncompatibleCheckpoint { message, hint };
     if found.format_version != meta.format_version {
         return Err(incompatible(
             format!(
@@ -613,7 +611,7 @@ mod tests {
             let e = open(kind, dir.path(), layout(4))
                 .err()
                 .expect("other partition count refused");
-            assert_eq!(e.sqlstate().code(), "22023");
+            assert_eq!(e.sqlstate().code(), "55000");
             assert!(e.to_string().contains("2 partitions"), "{e}");
         }
         if cfg!(feature = "rocksdb") {
