@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::fsutil::write_atomic;
-use crate::source::file::{FileFormat, FileSourceConfig};
+use crate::source::file::{CORRUPT_RECORD, FileFormat, FileSourceConfig, ParseMode};
 use crate::sql::options::{Options, Trigger};
 use crate::sql::parser::{ColumnSpec, WatermarkSpec};
 use crate::sql::types::sql_to_arrow;
@@ -61,6 +61,7 @@ impl StreamDef {
                 "max_files_per_trigger",
                 "header",
                 "delimiter",
+                "mode",
             ],
         )?;
         let format = match options.get("format") {
@@ -97,6 +98,17 @@ impl StreamDef {
             });
         }
         let max_files_per_trigger = options.positive_int("max_files_per_trigger")?;
+        let mode = match options.get("mode") {
+            Some(m) if matches!(format, FileFormat::Json | FileFormat::Csv { .. }) => {
+                ParseMode::parse(m)?
+            }
+            Some(_) => {
+                return Err(Error::invalid_option(
+                    "option \"mode\" applies only to formats 'json' and 'csv'",
+                ));
+            }
+            None => ParseMode::default(),
+        };
 
         if matches!(format, FileFormat::Text) {
             if columns.is_empty() {
@@ -136,9 +148,17 @@ impl StreamDef {
                 .map(|c| Field::new(&c.name, c.data_type.clone(), true))
                 .collect::<Vec<_>>(),
         ));
+        if let Some(c) = columns.iter().find(|c| c.name == CORRUPT_RECORD)
+            && c.data_type != DataType::Utf8
+        {
+            return Err(Error::invalid_option(format!(
+                "column \"{CORRUPT_RECORD}\" receives malformed records and must be TEXT"
+            )));
+        }
         let source = FileSourceConfig {
             path,
             format,
+            mode,
             max_files_per_trigger,
             schema,
         };

@@ -86,6 +86,10 @@ pub enum Error {
     /// An object that is not in the state the statement needs (a stopped sink, say).
     #[error("{0}")]
     WrongState(String),
+    /// Input data that cannot be read as declared (a malformed record under FAILFAST, a
+    /// corrupt Parquet file).
+    #[error("{0}")]
+    BadInput(String),
     /// A checkpoint that the sink's (new) definition cannot continue from (spec §9.4).
     #[error("{message}")]
     IncompatibleCheckpoint { message: String, hint: String },
@@ -125,6 +129,7 @@ impl Error {
             Error::InvalidOption { .. } => SqlState::InvalidParameterValue,
             Error::WrongState(_) => SqlState::ObjectNotInPrerequisiteState,
             Error::IncompatibleCheckpoint { .. } => SqlState::ObjectNotInPrerequisiteState,
+            Error::BadInput(_) => SqlState::InvalidTextRepresentation,
             Error::Io { .. } => SqlState::IoError,
             Error::Delta { .. } => SqlState::IoError,
             Error::DataFusion(e) => classify_datafusion(e),

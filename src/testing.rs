@@ -35,3 +35,30 @@ pub fn crash_point(point: &str) {
         std::process::abort();
     }
 }
+
+static FAIL_ARMED: OnceLock<Option<(String, u64)>> = OnceLock::new();
+static FAIL_HITS: AtomicU64 = AtomicU64::new(0);
+
+/// `TIDEMARK_FAIL_AT=<point>[@<n>]` makes the `n`-th pass (default: first) through
+/// `fail_point("<point>")` return an I/O error, as a full disk or a revoked permission
+/// would: for tests of failure handling. Points: `sink_write:<sink name>`.
+pub fn fail_point(point: &str) -> crate::error::Result<()> {
+    let armed = FAIL_ARMED.get_or_init(|| {
+        let v = std::env::var("TIDEMARK_FAIL_AT").ok()?;
+        let (point, n) = match v.split_once('@') {
+            Some((p, n)) => (p.to_string(), n.parse().unwrap_or(1)),
+            None => (v, 1),
+        };
+        Some((point, n))
+    });
+    if let Some((p, n)) = armed
+        && p == point
+        && FAIL_HITS.fetch_add(1, Ordering::SeqCst) + 1 == *n
+    {
+        return Err(crate::error::Error::io(
+            format!("writing at {point}"),
+            std::io::Error::other("simulated write failure (TIDEMARK_FAIL_AT)"),
+        ));
+    }
+    Ok(())
+}

@@ -85,6 +85,27 @@ pub struct SourceProgress {
     pub num_input_rows: u64,
     pub input_rows_per_second: f64,
     pub processed_rows_per_second: f64,
+    /// Spark's custom source metrics (strings): here `numMalformedRows` (records that did
+    /// not parse: kept as NULL rows in PERMISSIVE mode, dropped in DROPMALFORMED) and
+    /// `numMissingFiles` (files gone before they were read).
+    pub metrics: BTreeMap<String, String>,
+}
+
+impl SourceProgress {
+    fn metric(&self, name: &str) -> i64 {
+        self.metrics
+            .get(name)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
+    pub fn malformed_rows(&self) -> i64 {
+        self.metric("numMalformedRows")
+    }
+
+    pub fn missing_files(&self) -> i64 {
+        self.metric("numMissingFiles")
+    }
 }
 
 /// The sink's part of a progress report.

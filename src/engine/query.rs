@@ -34,7 +34,7 @@ use crate::checkpoint::{
 };
 use crate::error::{Error, Result};
 use crate::sink::delta::{DeltaSink, SinkCommit, WriteMode};
-use crate::source::file::{FileFormat, FileSourceConfig, ListedFile};
+use crate::source::file::{FileSourceConfig, ListedFile};
 use crate::sql::options::Trigger;
 use crate::sql::parser::{WatermarkSpec, parse_watermark_option};
 use crate::state::StateMetrics;
@@ -121,12 +121,7 @@ pub fn checkpoint_definition(
     shape: &SinkShape,
 ) -> CheckpointDefinition {
     let src = stream.source();
-    let format = match &src.format {
-        FileFormat::Json => "json",
-        FileFormat::Csv { .. } => "csv",
-        FileFormat::Parquet => "parquet",
-        FileFormat::Text => "text",
-    };
+    let format = src.format.name();
     let (group_keys, aggregates) = match &shape.aggregate {
         Some(a) => (
             a.group_names.clone(),
@@ -491,6 +486,8 @@ struct Runner {
 #[derive(Default)]
 struct BatchStats {
     rows_in: u64,
+    malformed_rows: u64,
+    missing_files: u64,
     rows_out: u64,
     event_time: EventTimeStats,
     state: Option<(StateMetrics, AggregateBatch)>,
@@ -785,8 +782,13 @@ impl Runner {
                 files.extend(log.entry(k)?);
             }
         }
-        let input =
-            read_files(&self.source, files.iter().map(|f| f.path.clone()).collect()).await?;
+        let BatchInput {
+            batches: input,
+            malformed,
+            missing_files,
+        } = read_files(&self.source, files.iter().map(|f| f.path.clone()).collect()).await?;
+        stats.malformed_rows = malformed;
+        stats.missing_files = missing_files;
         stats.rows_in = input.iter().map(|b| b.num_rows() as u64).sum();
         durations.insert("getBatch".into(), t.elapsed().as_millis() as u64);
 
@@ -837,6 +839,7 @@ impl Runner {
             .collect::<Result<Vec<_>>>()?;
         stats.rows_out = out.iter().map(|b| b.num_rows() as u64).sum();
         crate::testing::crash_point("before_sink_commit");
+        crate::testing::fail_point(&format!("sink_write:{}", self.def.name))?;
         let app_id = self.ckpt.id.to_string();
         match self
             .sink
@@ -930,6 +933,16 @@ impl Runner {
                 num_input_rows: rows_in,
                 input_rows_per_second: input_rate,
                 processed_rows_per_second: processed,
+                metrics: BTreeMap::from([
+                    (
+                        "numMalformedRows".to_string(),
+                        stats.malformed_rows.to_string(),
+                    ),
+                    (
+                        "numMissingFiles".to_string(),
+                        stats.missing_files.to_string(),
+                    ),
+                ]),
             }],
             sink: SinkProgress {
                 description: format!("DeltaSink[{}]", self.def.path.display()),
@@ -952,11 +965,16 @@ impl Runner {
     }
 }
 
+/// A batch's input rows, and what reading its files counted.
+#[derive(Default)]
+struct BatchInput {
+    batches: Vec<RecordBatch>,
+    malformed: u64,
+    missing_files: u64,
+}
+
 /// Reads files in parallel, keeping their order.
-async fn read_files(
-    source: &Arc<FileSourceConfig>,
-    paths: Vec<String>,
-) -> Result<Vec<RecordBatch>> {
+async fn read_files(source: &Arc<FileSourceConfig>, paths: Vec<String>) -> Result<BatchInput> {
     let reads = futures::stream::iter(paths.into_iter().map(|p| {
         let source = source.clone();
         tokio::task::spawn_blocking(move || {
@@ -969,9 +987,12 @@ async fn read_files(
     }))
     .buffered(parallelism());
     let results: Vec<_> = reads.collect().await;
-    let mut out = Vec::new();
+    let mut out = BatchInput::default();
     for r in results {
-        out.extend(r.map_err(|e| Error::Internal(format!("file reader panicked: {e}")))??);
+        let read = r.map_err(|e| Error::Internal(format!("file reader panicked: {e}")))??;
+        out.batches.extend(read.batches);
+        out.malformed += read.malformed;
+        out.missing_files += u64::from(read.missing);
     }
     Ok(out)
 }

@@ -53,7 +53,7 @@ impl TableProvider for StreamReadTable {
             tokio::task::spawn_blocking(move || -> crate::error::Result<Vec<RecordBatch>> {
                 let mut out = Vec::new();
                 for f in source.list()? {
-                    out.extend(source.read(&f.local_path())?);
+                    out.extend(source.read(&f.local_path())?.batches);
                 }
                 Ok(out)
             })
@@ -199,6 +199,8 @@ pub fn progress_schema() -> SchemaRef {
         Field::new("state_rows_total", DataType::Int64, true),
         Field::new("state_rows_updated", DataType::Int64, true),
         Field::new("state_rows_removed", DataType::Int64, true),
+        Field::new("malformed_rows", DataType::Int64, false),
+        Field::new("missing_files", DataType::Int64, false),
         Field::new("progress", DataType::Utf8, false),
     ]))
 }
@@ -267,6 +269,8 @@ pub fn progress_batch(
         state(&|s| s.num_rows_total),
         state(&|s| s.num_rows_updated),
         state(&|s| s.num_rows_removed),
+        int(&|p| p.sources.iter().map(|s| s.malformed_rows()).sum()),
+        int(&|p| p.sources.iter().map(|s| s.missing_files()).sum()),
         text(&|p| Some(p.to_json())),
     ];
     Ok(RecordBatch::try_new(schema.clone(), cols)?)

@@ -13,7 +13,7 @@ use std::time::UNIX_EPOCH;
 
 use datafusion::arrow::array::{ArrayRef, StringBuilder, new_null_array};
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde::{Deserialize, Serialize};
@@ -76,11 +76,57 @@ impl FileFormat {
     }
 }
 
+/// What to do with a JSON or CSV record that does not parse (Spark's `mode` option).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ParseMode {
+    /// Keep the row with every field NULL and the raw line in `_corrupt_record`, if the
+    /// stream declares that column.
+    #[default]
+    Permissive,
+    /// Drop the row (and count it).
+    DropMalformed,
+    /// Fail the query, naming the file and line.
+    FailFast,
+}
+
+impl ParseMode {
+    pub fn parse(s: &str) -> Result<ParseMode> {
+        match s.to_ascii_uppercase().as_str() {
+            "PERMISSIVE" => Ok(ParseMode::Permissive),
+            "DROPMALFORMED" => Ok(ParseMode::DropMalformed),
+            "FAILFAST" => Ok(ParseMode::FailFast),
+            _ => Err(Error::InvalidOption {
+                message: format!("invalid mode \"{s}\""),
+                hint: Some("mode is 'PERMISSIVE', 'DROPMALFORMED' or 'FAILFAST'.".into()),
+            }),
+        }
+    }
+}
+
+/// The column that receives the raw text of a malformed record in PERMISSIVE mode.
+pub const CORRUPT_RECORD: &str = "_corrupt_record";
+
+/// Lines decoded together on the slow path; a group that fails is retried line by line.
+const LINE_GROUP: usize = 1024;
+
+/// What reading one file gave.
+#[derive(Debug, Default)]
+pub struct FileRead {
+    pub batches: Vec<RecordBatch>,
+    /// Records that did not parse (kept as NULL rows in PERMISSIVE mode, dropped in
+    /// DROPMALFORMED).
+    pub malformed: u64,
+    /// The file was gone when the batch read it.
+    pub missing: bool,
+}
+
 /// Everything needed to list and read a stream's files.
 #[derive(Debug, Clone)]
 pub struct FileSourceConfig {
     pub path: PathBuf,
     pub format: FileFormat,
+    /// JSON and CSV: what to do with malformed records.
+    pub mode: ParseMode,
     /// At most this many new files per micro-batch.
     pub max_files_per_trigger: Option<u64>,
     /// The declared schema; every field nullable.
@@ -116,50 +162,57 @@ impl FileSourceConfig {
         Ok(out)
     }
 
-    /// Reads one file into batches of the declared schema.
-    pub fn read(&self, file: &Path) -> Result<Vec<RecordBatch>> {
-        let open =
-            || File::open(file).map_err(|e| Error::io(format!("opening {}", file.display()), e));
-        let with_file = |e: datafusion::arrow::error::ArrowError| Error::InvalidOption {
-            message: format!("cannot read {}: {e}", file.display()),
-            hint: None,
+    /// Reads one file into batches of the declared schema. A file that vanished since it
+    /// was listed reads as empty (`missing`); one that cannot be read is an error.
+    pub fn read(&self, file: &Path) -> Result<FileRead> {
+        let f = match File::open(file) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                tracing::warn!(file = %file.display(), "file vanished before it was read; skipped");
+                return Ok(FileRead {
+                    missing: true,
+                    ..FileRead::default()
+                });
+            }
+            Err(e) => return Err(Error::io(format!("cannot read {}", file.display()), e)),
+        };
+        let with_file = |e: datafusion::arrow::error::ArrowError| {
+            Error::BadInput(format!("cannot read {}: {e}", file.display()))
         };
         let schema = self.schema.clone();
-        match &self.format {
-            FileFormat::Json => {
-                let reader = datafusion::arrow::json::ReaderBuilder::new(schema)
-                    .with_batch_size(BATCH_SIZE)
-                    .build(BufReader::with_capacity(1 << 20, open()?))
-                    .map_err(with_file)?;
-                reader.map(|b| b.map_err(with_file)).collect()
-            }
-            FileFormat::Csv { header, delimiter } => {
-                let reader = datafusion::arrow::csv::ReaderBuilder::new(schema)
-                    .with_header(*header)
-                    .with_delimiter(*delimiter)
-                    .with_batch_size(BATCH_SIZE)
-                    .build(BufReader::with_capacity(1 << 20, open()?))
-                    .map_err(with_file)?;
-                reader.map(|b| b.map_err(with_file)).collect()
+        let batches = match &self.format {
+            FileFormat::Json | FileFormat::Csv { .. } => {
+                // Fast path: the whole file at once. Any error: again, record by record.
+                if let Ok(batches) = self.read_whole(f) {
+                    return Ok(FileRead {
+                        batches,
+                        ..FileRead::default()
+                    });
+                }
+                let f = match File::open(file) {
+                    Ok(f) => f,
+                    Err(e) => return Err(Error::io(format!("cannot read {}", file.display()), e)),
+                };
+                return self.read_records(file, f);
             }
             FileFormat::Parquet => {
-                let builder = ParquetRecordBatchReaderBuilder::try_new(open()?).map_err(|e| {
-                    Error::invalid_option(format!("cannot read {}: {e}", file.display()))
-                })?;
-                let reader = builder.with_batch_size(BATCH_SIZE).build().map_err(|e| {
-                    Error::invalid_option(format!("cannot read {}: {e}", file.display()))
-                })?;
+                let builder = ParquetRecordBatchReaderBuilder::try_new(f)
+                    .map_err(|e| Error::BadInput(format!("cannot read {}: {e}", file.display())))?;
+                let reader = builder
+                    .with_batch_size(BATCH_SIZE)
+                    .build()
+                    .map_err(|e| Error::BadInput(format!("cannot read {}: {e}", file.display())))?;
                 let mut out = Vec::new();
                 for b in reader {
                     out.push(conform(&b.map_err(with_file)?, &schema).map_err(with_file)?);
                 }
-                Ok(out)
+                out
             }
             FileFormat::Text => {
                 let mut out = Vec::new();
                 let mut builder = StringBuilder::new();
                 let mut n = 0;
-                let mut reader = BufReader::with_capacity(1 << 20, open()?);
+                let mut reader = BufReader::with_capacity(1 << 20, f);
                 let mut line = Vec::new();
                 loop {
                     line.clear();
@@ -188,10 +241,245 @@ impl FileSourceConfig {
                         vec![Arc::new(builder.finish())],
                     )?);
                 }
-                Ok(out)
+                out
             }
+        };
+        Ok(FileRead {
+            batches,
+            ..FileRead::default()
+        })
+    }
+
+    /// The declared schema without `_corrupt_record`: what the records hold.
+    fn data_schema(&self) -> SchemaRef {
+        Arc::new(Schema::new(
+            self.schema
+                .fields()
+                .iter()
+                .filter(|f| f.name() != CORRUPT_RECORD)
+                .cloned()
+                .collect::<Vec<_>>(),
+        ))
+    }
+
+    /// A JSON or CSV file in one pass; any malformed record fails it.
+    fn read_whole(&self, f: File) -> Result<Vec<RecordBatch>> {
+        let data_schema = self.data_schema();
+        let input = BufReader::with_capacity(1 << 20, f);
+        let batches: Vec<RecordBatch> = match &self.format {
+            FileFormat::Json => datafusion::arrow::json::ReaderBuilder::new(data_schema.clone())
+                .with_batch_size(BATCH_SIZE)
+                .build(input)?
+                .collect::<std::result::Result<_, _>>()?,
+            FileFormat::Csv { header, delimiter } => {
+                datafusion::arrow::csv::ReaderBuilder::new(data_schema.clone())
+                    .with_header(*header)
+                    .with_delimiter(*delimiter)
+                    .with_batch_size(BATCH_SIZE)
+                    .build(input)?
+                    .collect::<std::result::Result<_, _>>()?
+            }
+            _ => return Err(Error::Internal("not a record format".into())),
+        };
+        let corrupt_idx = self.schema.index_of(CORRUPT_RECORD).ok();
+        batches
+            .into_iter()
+            .map(|b| {
+                let mut cols = b.columns().to_vec();
+                if let Some(i) = corrupt_idx {
+                    cols.insert(i, new_null_array(&DataType::Utf8, b.num_rows()));
+                }
+                Ok(RecordBatch::try_new(self.schema.clone(), cols)?)
+            })
+            .collect()
+    }
+
+    /// Decodes JSON or CSV text (whole lines) with a fresh decoder.
+    fn decode(
+        &self,
+        schema: &SchemaRef,
+        text: &[u8],
+        rows: usize,
+    ) -> std::result::Result<Option<RecordBatch>, datafusion::arrow::error::ArrowError> {
+        let batch_size = rows.max(1) + 1;
+        match &self.format {
+            FileFormat::Json => {
+                let mut d = datafusion::arrow::json::ReaderBuilder::new(schema.clone())
+                    .with_batch_size(batch_size)
+                    .build_decoder()?;
+                d.decode(text)?;
+                d.flush()
+            }
+            FileFormat::Csv { delimiter, .. } => {
+                let mut d = datafusion::arrow::csv::ReaderBuilder::new(schema.clone())
+                    .with_header(false)
+                    .with_delimiter(*delimiter)
+                    .with_batch_size(batch_size)
+                    .build_decoder();
+                let mut rest = text;
+                while !rest.is_empty() {
+                    let n = d.decode(rest)?;
+                    if n == 0 {
+                        break;
+                    }
+                    rest = &rest[n..];
+                }
+                d.decode(&[])?;
+                d.flush()
+            }
+            _ => Ok(None),
         }
     }
+
+    /// JSON or CSV records, one per line, with malformed ones handled per [`ParseMode`].
+    /// Groups of lines are decoded together; a group that fails is decoded line by line to
+    /// find the bad records.
+    fn read_records(&self, file: &Path, f: File) -> Result<FileRead> {
+        let data_schema = self.data_schema();
+        let corrupt_idx = self.schema.index_of(CORRUPT_RECORD).ok();
+        let skip_header = matches!(self.format, FileFormat::Csv { header: true, .. });
+        let mut reader = BufReader::with_capacity(1 << 20, f);
+        let mut out = FileRead::default();
+        // Decoded rows, and the raw text of malformed ones, in file order.
+        let mut parts: Vec<Part> = Vec::new();
+        let mut group: Vec<u8> = Vec::new();
+        let mut group_lines: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
+        let mut line = Vec::new();
+        let mut line_no = 0usize;
+        loop {
+            line.clear();
+            let read = reader
+                .read_until(b'\n', &mut line)
+                .map_err(|e| Error::io(format!("reading {}", file.display()), e))?;
+            if read > 0 {
+                line_no += 1;
+                if skip_header && line_no == 1 {
+                    continue;
+                }
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                if line.last() != Some(&b'\n') {
+                    line.push(b'\n');
+                }
+                let start = group.len();
+                group.extend_from_slice(&line);
+                group_lines.push((line_no, start..group.len()));
+            }
+            if group_lines.len() == LINE_GROUP || (read == 0 && !group_lines.is_empty()) {
+                match self.decode(&data_schema, &group, group_lines.len()) {
+                    Ok(Some(b)) if b.num_rows() == group_lines.len() => parts.push(Part::Rows(b)),
+                    _ => {
+                        for (n, range) in &group_lines {
+                            let text = &group[range.clone()];
+                            match self.decode(&data_schema, text, 1) {
+                                Ok(Some(b)) if b.num_rows() == 1 => parts.push(Part::Rows(b)),
+                                result => {
+                                    let reason = match result {
+                                        Err(e) => e.to_string(),
+                                        Ok(_) => "not one record".to_string(),
+                                    };
+                                    out.malformed += 1;
+                                    match self.mode {
+                                        ParseMode::FailFast => {
+                                            return Err(Error::BadInput(format!(
+                                                "malformed {} record in {} line {n}: {reason}",
+                                                self.format.name(),
+                                                file.display()
+                                            )));
+                                        }
+                                        ParseMode::DropMalformed => {}
+                                        ParseMode::Permissive => parts.push(Part::Corrupt(
+                                            String::from_utf8_lossy(text)
+                                                .trim_end_matches(['\n', '\r'])
+                                                .to_string(),
+                                        )),
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                group.clear();
+                group_lines.clear();
+            }
+            if read == 0 {
+                break;
+            }
+        }
+        if out.malformed > 0 {
+            tracing::warn!(
+                file = %file.display(),
+                malformed = out.malformed,
+                mode = ?self.mode,
+                "malformed records"
+            );
+        }
+        out.batches = assemble(&self.schema, &data_schema, corrupt_idx, parts)?;
+        Ok(out)
+    }
+}
+
+/// Decoded rows, or a malformed record's raw text.
+enum Part {
+    Rows(RecordBatch),
+    Corrupt(String),
+}
+
+/// Batches of the declared schema from decoded parts: a malformed record is a row of
+/// NULLs with its text in `_corrupt_record` (when declared).
+fn assemble(
+    schema: &SchemaRef,
+    data_schema: &SchemaRef,
+    corrupt_idx: Option<usize>,
+    parts: Vec<Part>,
+) -> Result<Vec<RecordBatch>> {
+    let mut out = Vec::new();
+    let mut run: Vec<RecordBatch> = Vec::new();
+    let mut corrupt: Vec<Option<String>> = Vec::new();
+    let flush = |run: &mut Vec<RecordBatch>,
+                 corrupt: &mut Vec<Option<String>>,
+                 out: &mut Vec<RecordBatch>|
+     -> Result<()> {
+        if run.is_empty() {
+            return Ok(());
+        }
+        let data = datafusion::arrow::compute::concat_batches(data_schema, run.iter())?;
+        run.clear();
+        let mut cols = data.columns().to_vec();
+        if let Some(i) = corrupt_idx {
+            let texts = std::mem::take(corrupt);
+            cols.insert(
+                i,
+                Arc::new(datafusion::arrow::array::StringArray::from(texts)),
+            );
+        }
+        corrupt.clear();
+        out.push(RecordBatch::try_new(schema.clone(), cols)?);
+        Ok(())
+    };
+    for part in parts {
+        match part {
+            Part::Rows(b) => {
+                corrupt.extend(std::iter::repeat_n(None, b.num_rows()));
+                run.push(b);
+            }
+            Part::Corrupt(text) => {
+                let nulls = data_schema
+                    .fields()
+                    .iter()
+                    .map(|f| new_null_array(f.data_type(), 1))
+                    .collect();
+                run.push(RecordBatch::try_new(data_schema.clone(), nulls)?);
+                corrupt.push(Some(text));
+            }
+        }
+        if run.len() >= 64 {
+            flush(&mut run, &mut corrupt, &mut out)?;
+        }
+    }
+    flush(&mut run, &mut corrupt, &mut out)?;
+    Ok(out)
 }
 
 /// Projects and casts a Parquet batch to the declared schema: columns by name
@@ -292,14 +580,167 @@ mod tests {
         let cfg = FileSourceConfig {
             path: dir.path().to_path_buf(),
             format: FileFormat::Json,
+            mode: ParseMode::Permissive,
             max_files_per_trigger: None,
             schema: schema(),
         };
         let files = cfg.list().unwrap();
         assert_eq!(files.len(), 2);
         assert!(files[0].path.ends_with("b.json"));
-        let batches = cfg.read(&files[1].local_path()).unwrap();
+        let batches = cfg.read(&files[1].local_path()).unwrap().batches;
         assert_eq!(batches[0].num_rows(), 1);
         assert_eq!(batches[0].column(2).null_count(), 1);
+    }
+
+    fn config(format: FileFormat, mode: ParseMode, corrupt: bool) -> FileSourceConfig {
+        let mut fields: Vec<Field> = schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        if corrupt {
+            fields.push(Field::new(CORRUPT_RECORD, DataType::Utf8, true));
+        }
+        FileSourceConfig {
+            path: PathBuf::from("/"),
+            format,
+            mode,
+            max_files_per_trigger: None,
+            schema: Arc::new(Schema::new(fields)),
+        }
+    }
+
+    /// `(page, n, corrupt)` of every row.
+    fn rows(read: &FileRead) -> Vec<(Option<String>, Option<i64>, Option<String>)> {
+        use datafusion::arrow::array::{Array, AsArray};
+        use datafusion::arrow::datatypes::Int64Type;
+        let mut out = Vec::new();
+        for b in &read.batches {
+            let page = b.column(0).as_string::<i32>();
+            let n = b.column(2).as_primitive::<Int64Type>();
+            let corrupt = b
+                .schema()
+                .index_of(CORRUPT_RECORD)
+                .ok()
+                .map(|i| b.column(i).as_string::<i32>().clone());
+            for i in 0..b.num_rows() {
+                out.push((
+                    (!page.is_null(i)).then(|| page.value(i).to_string()),
+                    (!n.is_null(i)).then(|| n.value(i)),
+                    corrupt
+                        .as_ref()
+                        .and_then(|c| (!c.is_null(i)).then(|| c.value(i).to_string())),
+                ));
+            }
+        }
+        out
+    }
+
+    /// Good, a type mismatch, broken JSON, non-UTF-8 bytes, a blank line, good.
+    const BAD_JSON: &[u8] = b"{\"page\":\"/a\",\"n\":1}\n{\"page\":\"/b\",\"n\":\"many\"}\n{\"page\":\n{\"page\":\"\xff\xfe\",\"n\":3}\n\n{\"page\":\"/c\",\"n\":4}\n";
+
+    #[test]
+    fn malformed_json_per_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("bad.json");
+        std::fs::write(&file, BAD_JSON).unwrap();
+        let s = |x: &str| Some(x.to_string());
+
+        let read = config(FileFormat::Json, ParseMode::Permissive, true)
+            .read(&file)
+            .unwrap();
+        assert_eq!(read.malformed, 3);
+        let got = rows(&read);
+        assert_eq!(got.len(), 5, "{got:?}");
+        assert_eq!(got[0], (s("/a"), Some(1), None));
+        assert_eq!(got[1], (None, None, s(r#"{"page":"/b","n":"many"}"#)));
+        assert_eq!(got[2], (None, None, s(r#"{"page":"#)));
+        assert_eq!(got[3].0, None);
+        assert!(got[3].2.as_deref().unwrap().contains("\u{fffd}"), "{got:?}");
+        assert_eq!(got[4], (s("/c"), Some(4), None));
+
+        // Without _corrupt_record, PERMISSIVE keeps all-NULL rows.
+        let read = config(FileFormat::Json, ParseMode::Permissive, false)
+            .read(&file)
+            .unwrap();
+        assert_eq!((read.malformed, rows(&read).len()), (3, 5));
+
+        let read = config(FileFormat::Json, ParseMode::DropMalformed, true)
+            .read(&file)
+            .unwrap();
+        assert_eq!(read.malformed, 3);
+        assert_eq!(
+            rows(&read),
+            vec![(s("/a"), Some(1), None), (s("/c"), Some(4), None)]
+        );
+
+        let e = config(FileFormat::Json, ParseMode::FailFast, false)
+            .read(&file)
+            .unwrap_err();
+        assert_eq!(e.sqlstate().code(), "22P02");
+        let msg = e.to_string();
+        assert!(msg.contains("bad.json line 2"), "{msg}");
+    }
+
+    #[test]
+    fn malformed_csv_with_header_per_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("bad.csv");
+        std::fs::write(
+            &file,
+            "page,event_time,n\n/a,2026-06-10T10:00:00,1\n/b,2026-06-10T10:00:00,lots\n/c,,3,extra\n/d,2026-06-10T10:00:00,4\n",
+        )
+        .unwrap();
+        let csv = FileFormat::Csv {
+            header: true,
+            delimiter: b',',
+        };
+        let read = config(csv.clone(), ParseMode::DropMalformed, false)
+            .read(&file)
+            .unwrap();
+        assert_eq!(read.malformed, 2);
+        let pages: Vec<_> = rows(&read).into_iter().map(|r| r.0.unwrap()).collect();
+        assert_eq!(pages, vec!["/a", "/d"]);
+        let read = config(csv.clone(), ParseMode::Permissive, true)
+            .read(&file)
+            .unwrap();
+        assert_eq!(
+            rows(&read)[1].2.as_deref(),
+            Some("/b,2026-06-10T10:00:00,lots")
+        );
+        let e = config(csv, ParseMode::FailFast, false)
+            .read(&file)
+            .unwrap_err();
+        assert!(e.to_string().contains("bad.csv line 3"), "{e}");
+    }
+
+    #[test]
+    fn empty_vanished_and_huge_inputs() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = config(FileFormat::Json, ParseMode::FailFast, false);
+        let empty = dir.path().join("empty.json");
+        std::fs::write(&empty, "").unwrap();
+        let read = cfg.read(&empty).unwrap();
+        assert_eq!(
+            (read.malformed, rows(&read).len(), read.missing),
+            (0, 0, false)
+        );
+
+        let read = cfg.read(&dir.path().join("gone.json")).unwrap();
+        assert!(read.missing);
+        assert!(read.batches.is_empty());
+
+        // One 100 MB line: a 100 MB string value.
+        let big = dir.path().join("big.json");
+        let mut text = Vec::with_capacity(100 << 20);
+        text.extend_from_slice(b"{\"page\":\"");
+        text.resize(100 << 20, b'x');
+        text.extend_from_slice(b"\",\"n\":7}\n{\"page\":\"/after\",\"n\":8}\n");
+        std::fs::write(&big, &text).unwrap();
+        let read = cfg.read(&big).unwrap();
+        let got = rows(&read);
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].0.as_ref().map(String::len), Some((100 << 20) - 9));
+        assert_eq!(got[1], (Some("/after".into()), Some(8), None));
     }
 }

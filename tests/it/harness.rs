@@ -32,6 +32,17 @@ pub struct TestServer {
 impl TestServer {
     /// Starts `tidemark serve` on `data_dir` and waits until it accepts connections.
     pub async fn start(data_dir: &Path, port: u16, env: &[(&str, &str)]) -> TestServer {
+        Self::start_as(data_dir, port, env, None).await
+    }
+
+    /// [`TestServer::start`], as user `uid` when given (a test running as root uses this to
+    /// make file permissions bite).
+    pub async fn start_as(
+        data_dir: &Path,
+        port: u16,
+        env: &[(&str, &str)],
+        uid: Option<u32>,
+    ) -> TestServer {
         std::fs::create_dir_all(data_dir).expect("create data dir");
         let log = data_dir.with_extension("log");
         let log_file = std::fs::OpenOptions::new()
@@ -52,6 +63,9 @@ impl TestServer {
             .kill_on_drop(true);
         for (k, v) in env {
             cmd.env(k, v);
+        }
+        if let Some(uid) = uid {
+            cmd.uid(uid).gid(uid);
         }
         let mut child = cmd.spawn().expect("spawn tidemark");
         let stdout = child.stdout.take().expect("stdout");

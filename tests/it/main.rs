@@ -1,6 +1,7 @@
 //! The one integration-test binary: end-to-end tests against real `tidemark` processes.
 
 mod crash;
+mod failure;
 mod harness;
 mod oracle;
 mod property;
