@@ -258,6 +258,13 @@ pub struct SinkDef {
     pub state_store: crate::state::StoreKind,
 }
 
+impl SinkDef {
+    /// `delta`, `parquet`, `json`, `csv` or `console`.
+    pub fn connector(&self) -> &str {
+        self.options.get("connector").unwrap_or("delta")
+    }
+}
+
 /// `state_partitions` when the sink does not say.
 pub const DEFAULT_STATE_PARTITIONS: usize = 4;
 

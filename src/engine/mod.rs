@@ -28,6 +28,7 @@ use crate::catalog::{
 };
 use crate::error::{Error, Result};
 use crate::sink::delta::{DeltaReadTable, ensure_table};
+use crate::sink::file::{FileSink, FileSinkReadTable, SinkFormat};
 use crate::sql::options::{Trigger, format_duration};
 use crate::sql::parser::{CreateSink, CreateStream, TidemarkStatement, parse_watermark_option};
 use crate::sql::types::arrow_to_sql;
@@ -110,7 +111,7 @@ impl Engine {
             engine.register_stream(s)?;
         }
         for s in &catalog.sinks {
-            if let Err(e) = engine.register_sink(s).await {
+            if let Err(e) = engine.register_sink(s, &catalog).await {
                 tracing::warn!(sink = %s.name, error = %e, "sink table is not readable");
             }
             let status = match s.state {
@@ -161,11 +162,33 @@ impl Engine {
         Ok(())
     }
 
-    async fn register_sink(&self, s: &SinkDef) -> Result<()> {
-        let table = DeltaReadTable::try_new(&s.path).await?;
+    /// Makes a sink's output a table: its Delta table, or its committed files. A console
+    /// sink has no table.
+    async fn register_sink(&self, s: &SinkDef, cat: &Catalog) -> Result<()> {
         let name = TableReference::bare(s.name.clone());
         self.ctx.deregister_table(name.clone())?;
-        self.ctx.register_table(name, Arc::new(table))?;
+        let table: Arc<dyn datafusion::datasource::TableProvider> = match s.connector() {
+            "console" => return Ok(()),
+            "delta" => Arc::new(DeltaReadTable::try_new(&s.path).await?),
+            other => {
+                let format = SinkFormat::from_connector(other)
+                    .ok_or_else(|| Error::Internal(format!("unknown connector {other}")))?;
+                let schema = match cat.stream(&s.stream) {
+                    Some(stream) => {
+                        let mode = OutputMode::parse(&s.output_mode)?;
+                        let wm = query::sink_watermark(s, stream)?;
+                        query::analyze_sink(&s.query, stream, wm, mode)
+                            .await?
+                            .schema
+                    }
+                    None => {
+                        return Err(Error::Internal("sink registered before its stream".into()));
+                    }
+                };
+                Arc::new(FileSinkReadTable::new(&s.path, format, schema))
+            }
+        };
+        self.ctx.register_table(name, table)?;
         Ok(())
     }
 
@@ -254,17 +277,39 @@ impl Engine {
                 "max_files_per_trigger",
             ],
         )?;
-        match cs.options.get("connector").unwrap_or("delta") {
-            "delta" => {}
+        let connector = cs.options.get("connector").unwrap_or("delta");
+        match connector {
+            "delta" | "parquet" | "json" | "csv" | "console" => {}
             other => {
                 return Err(Error::Unsupported {
                     message: format!("sink connector \"{other}\" is not supported yet"),
-                    hint: Some("Use connector = 'delta'.".into()),
+                    hint: Some(
+                        "Use connector = 'delta', 'parquet', 'json', 'csv' or 'console'.".into(),
+                    ),
                 });
             }
         }
         let trigger = Trigger::parse(cs.options.get("trigger").unwrap_or("default"))?;
         let mode = OutputMode::parse(cs.options.get("output_mode").unwrap_or("append"))?;
+        if SinkFormat::from_connector(connector).is_some() && mode != OutputMode::Append {
+            // Spark: "Data source parquet does not support Update output mode".
+            return Err(Error::Unsupported {
+                message: format!(
+                    "a {connector} sink does not support {} output mode",
+                    mode.as_str()
+                ),
+                hint: Some(
+                    "File sinks only append: use output_mode = 'append' (with a watermark \
+                     for an aggregation), or a Delta sink."
+                        .into(),
+                ),
+            });
+        }
+        if connector == "console" && cs.options.get("path").is_some() {
+            return Err(Error::invalid_option(
+                "a console sink has no path: it logs its rows",
+            ));
+        }
         let state_partitions = cs
             .options
             .positive_int("state_partitions")?
@@ -342,9 +387,19 @@ impl Engine {
             &def.name,
             &query::checkpoint_definition(&def, stream, &shape),
         )?;
-        ensure_table(&def.path, &def.name, &schema).await?;
-        self.register_sink(&def).await?;
+        match def.connector() {
+            "delta" => ensure_table(&def.path, &def.name, &schema).await?,
+            "console" => {}
+            other => {
+                let format = SinkFormat::from_connector(other).expect("checked by sink_def");
+                FileSink::new(&def.path, format)?;
+            }
+        }
         cat.sinks.push(def.clone());
+        if let Err(e) = self.register_sink(&def, &cat).await {
+            cat.sinks.pop();
+            return Err(e);
+        }
         if let Err(e) = cat.save(&self.data_dir) {
             cat.sinks.pop();
             let _ = self.ctx.deregister_table(TableReference::bare(def.name));
@@ -812,7 +867,7 @@ impl Engine {
                 [
                     Some(s.name.clone()),
                     Some(s.stream.clone()),
-                    Some("delta".into()),
+                    Some(s.connector().to_string()),
                     Some(s.path.display().to_string()),
                     Some(s.trigger.to_string()),
                     Some(s.output_mode.clone()),

@@ -34,6 +34,7 @@ use crate::checkpoint::{
 };
 use crate::error::{Error, Result};
 use crate::sink::delta::{DeltaSink, SinkCommit, WriteMode};
+use crate::sink::file::{FileSink, SinkFormat};
 use crate::source::file::{FileSourceConfig, ListedFile};
 use crate::sql::options::Trigger;
 use crate::sql::parser::{WatermarkSpec, parse_watermark_option};
@@ -212,8 +213,13 @@ pub async fn explain(def: &SinkDef, stream: &StreamDef, shape: &SinkShape) -> Re
         WriteMode::Overwrite => "overwrite".to_string(),
         WriteMode::Merge { keys } => format!("merge on ({})", keys.join(", ")),
     };
+    let sink = match def.connector() {
+        "delta" => "DeltaSink".to_string(),
+        "console" => "ConsoleSink".to_string(),
+        other => format!("FileSink[{other}]"),
+    };
     let mut lines = vec![format!(
-        "DeltaSink: path={} output_mode={} trigger={} write={write}",
+        "{sink}: path={} output_mode={} trigger={} write={write}",
         def.path.display(),
         shape.mode.as_str(),
         def.trigger
@@ -468,12 +474,20 @@ pub async fn run(task: QueryTask) -> Outcome {
     }
 }
 
+/// Where a sink's batches go.
+enum Sink {
+    Delta(DeltaSink),
+    File(FileSink),
+    /// Logs every batch's rows (at-least-once: a replayed batch is logged again).
+    Console,
+}
+
 struct Runner {
     def: SinkDef,
     source: Arc<FileSourceConfig>,
     stream_name: String,
     ckpt: Checkpoint,
-    sink: DeltaSink,
+    sink: Sink,
     shape: SinkShape,
     write_mode: WriteMode,
     operator: Option<AggregateOperator>,
@@ -523,8 +537,19 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         &def.name,
         &checkpoint_definition(&def, &task.stream, &shape),
     )?;
-    let sink = DeltaSink::new(&def.path)?;
-    sink.ensure_table(&def.name, &shape.schema).await?;
+    let sink = match def.connector() {
+        "delta" => {
+            let sink = DeltaSink::new(&def.path)?;
+            sink.ensure_table(&def.name, &shape.schema).await?;
+            Sink::Delta(sink)
+        }
+        "console" => Sink::Console,
+        other => Sink::File(FileSink::new(
+            &def.path,
+            SinkFormat::from_connector(other)
+                .ok_or_else(|| Error::Internal(format!("unknown sink connector {other}")))?,
+        )?),
+    };
     let Resume {
         mut next_batch,
         mut committed_end,
@@ -841,11 +866,21 @@ impl Runner {
         crate::testing::crash_point("before_sink_commit");
         crate::testing::fail_point(&format!("sink_write:{}", self.def.name))?;
         let app_id = self.ckpt.id.to_string();
-        match self
-            .sink
-            .add_batch(&app_id, b.id, out, &self.shape.schema, &self.write_mode)
-            .await?
-        {
+        let committed = match &self.sink {
+            Sink::Delta(sink) => {
+                sink.add_batch(&app_id, b.id, out, &self.shape.schema, &self.write_mode)
+                    .await?
+            }
+            Sink::File(sink) => sink.add_batch(b.id, out, &self.shape.schema)?,
+            Sink::Console => {
+                let text = datafusion::arrow::util::pretty::pretty_format_batches(&out)?;
+                tracing::info!(sink = %self.def.name, batch = b.id, "console sink\n{text}");
+                SinkCommit::Committed {
+                    version: b.id as i64,
+                }
+            }
+        };
+        match committed {
             SinkCommit::Committed { version } => {
                 tracing::debug!(sink = %self.def.name, batch = b.id, version, "delta commit");
             }
@@ -945,7 +980,15 @@ impl Runner {
                 ]),
             }],
             sink: SinkProgress {
-                description: format!("DeltaSink[{}]", self.def.path.display()),
+                description: match &self.sink {
+                    Sink::Delta(_) => format!("DeltaSink[{}]", self.def.path.display()),
+                    Sink::File(_) => format!(
+                        "FileSink[{}, {}]",
+                        self.def.connector(),
+                        self.def.path.display()
+                    ),
+                    Sink::Console => "ConsoleSink".into(),
+                },
                 num_output_rows: stats.rows_out as i64,
             },
         };

@@ -1,3 +1,4 @@
 //! Sinks: where a streaming query's rows go.
 
 pub mod delta;
+pub mod file;

@@ -153,7 +153,16 @@ impl FileSourceConfig {
     /// directories are skipped, as Spark does; subdirectories are walked.
     pub fn list(&self) -> Result<Vec<ListedFile>> {
         let mut out = Vec::new();
-        walk(&self.path, &mut out)?;
+        if self.path.join(crate::sink::file::MANIFEST_DIR).is_dir() {
+            // The folder of a file sink: only the files its manifest committed (spec §10.3).
+            for path in crate::sink::file::FileSink::committed_files(&self.path)? {
+                if let Ok(meta) = std::fs::metadata(&path) {
+                    out.push(listed(&path, &meta));
+                }
+            }
+        } else {
+            walk(&self.path, &mut out)?;
+        }
         out.sort_by(|a, b| {
             a.timestamp
                 .cmp(&b.timestamp)
@@ -504,6 +513,19 @@ fn conform(
     RecordBatch::try_new(schema.clone(), columns)
 }
 
+fn listed(path: &Path, meta: &std::fs::Metadata) -> ListedFile {
+    let timestamp = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0);
+    ListedFile {
+        path: format!("file://{}", path.display()),
+        timestamp,
+    }
+}
+
 fn walk(dir: &Path, out: &mut Vec<ListedFile>) -> Result<()> {
     let entries =
         std::fs::read_dir(dir).map_err(|e| Error::io(format!("listing {}", dir.display()), e))?;
@@ -522,16 +544,7 @@ fn walk(dir: &Path, out: &mut Vec<ListedFile>) -> Result<()> {
         if meta.is_dir() {
             walk(&path, out)?;
         } else if meta.is_file() {
-            let timestamp = meta
-                .modified()
-                .ok()
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map(|d| d.as_millis() as i64)
-                .unwrap_or(0);
-            out.push(ListedFile {
-                path: format!("file://{}", path.display()),
-                timestamp,
-            });
+            out.push(listed(&path, &meta));
         }
     }
     Ok(())

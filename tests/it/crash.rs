@@ -56,11 +56,15 @@ fn committed_batches(data_dir: &Path, sink: &str) -> usize {
 }
 
 async fn create_pipeline(client: &Client, landing: &Path) {
+    create_pipeline_into(client, landing, "delta").await
+}
+
+async fn create_pipeline_into(client: &Client, landing: &Path, connector: &str) {
     client
         .batch_execute(&format!(
             "CREATE STREAM events (id BIGINT, page TEXT, event_time TIMESTAMP) \
              WITH (connector = 'file', format = 'json', path = '{}', max_files_per_trigger = 1);
-             CREATE SINK copied WITH (trigger = 'available_now') AS \
+             CREATE SINK copied WITH (trigger = 'available_now', connector = '{connector}') AS \
              SELECT id, upper(page) AS page, event_time FROM events WHERE id >= 0",
             landing.display()
         ))
@@ -222,6 +226,62 @@ async fn crash_before_sink_commit_replays_the_batch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_after_sink_commit_skips_the_committed_batch() {
     crash_at("after_sink_commit").await;
+}
+
+/// The parquet sink at each crash point of batch 5: every row once through its manifest,
+/// one manifest entry per batch, and the files of an uncommitted batch never read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parquet_sink_crash_at_each_point_is_exactly_once() {
+    for point in [
+        "after_offsets_write",
+        "before_sink_commit",
+        "sink_files_written",
+        "after_sink_commit",
+        "after_commit_log",
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let landing = tmp.path().join("landing");
+        land_files(&landing);
+        let data_dir = tmp.path().join("data");
+        let port = free_port();
+        let spec = format!("{point}@6");
+        let mut server = TestServer::start(&data_dir, port, &[("TIDEMARK_CRASH_AT", &spec)]).await;
+        let client = server.connect().await;
+        create_pipeline_into(&client, &landing, "parquet").await;
+        assert!(!server.wait_exit().await.success(), "{point}: no crash");
+        drop(client);
+        let (server, client) = finish(&data_dir, port).await;
+        let row = client
+            .query_one("SELECT count(*), count(DISTINCT id) FROM copied", &[])
+            .await
+            .unwrap();
+        let total = (FILES * ROWS_PER_FILE) as i64;
+        assert_eq!(
+            (row.get::<_, i64>(0), row.get::<_, i64>(1)),
+            (total, total),
+            "{point}"
+        );
+        let table = data_dir.join("tables/copied");
+        let manifest: Vec<_> = std::fs::read_dir(table.join("_spark_metadata"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(manifest.len(), FILES, "{point}: manifest entries");
+        let parquet = std::fs::read_dir(&table)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .path()
+                    .extension()
+                    .is_some_and(|x| x == "parquet")
+            })
+            .count();
+        let orphans = usize::from(point == "sink_files_written");
+        assert_eq!(parquet, FILES + orphans, "{point}: parquet files on disk");
+        assert_eq!(committed_batches(&data_dir, "copied"), FILES, "{point}");
+        server.stop().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
