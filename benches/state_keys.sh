@@ -26,13 +26,14 @@ out, keys, files = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 per = -(-keys // files)
 base = 1781049600  # 2026-06-10T00:00:00Z
 now = time.time() - 3600
+stamps = [time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(base + s)) for s in range(86400)]
+os.makedirs(out, exist_ok=True)
 for f in range(files):
     path = os.path.join(out, "part-%04d.json" % f)
     with open(path, "w") as fh:
-        for i in range(f * per, min((f + 1) * per, keys)):
-            t = base + (i * 7919) % 86400
-            fh.write('{"user_id":"u%d","event_time":"%s","amount":%d}\n' % (
-                i, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)), i % 100))
+        fh.writelines('{"user_id":"u%d","event_time":"%s","amount":%d}\n' % (
+            i, stamps[(i * 7919) % 86400], i % 100)
+            for i in range(f * per, min((f + 1) * per, keys)))
     os.utime(path, (now + f, now + f))
 PY
     mv "$LANDING.tmp" "$LANDING"

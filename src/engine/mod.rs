@@ -28,7 +28,7 @@ use crate::catalog::{
 };
 use crate::error::{Error, Result};
 use crate::sink::delta::{DeltaReadTable, ensure_table};
-use crate::sink::file::{FileSink, FileSinkReadTable, SinkFormat};
+use crate::sink::file::{FileSink, SinkFormat};
 use crate::sql::options::{Trigger, format_duration};
 use crate::sql::parser::{CreateSink, CreateStream, TidemarkStatement, parse_watermark_option};
 use crate::sql::types::arrow_to_sql;
@@ -185,7 +185,9 @@ impl Engine {
                         return Err(Error::Internal("sink registered before its stream".into()));
                     }
                 };
-                Arc::new(FileSinkReadTable::new(&s.path, format, schema))
+                Arc::new(StreamReadTable::new(Arc::new(
+                    format.reader(&s.path, schema),
+                )))
             }
         };
         self.ctx.register_table(name, table)?;

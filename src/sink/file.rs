@@ -9,18 +9,10 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::catalog::Session;
-use datafusion::datasource::memory::MemorySourceConfig;
-use datafusion::datasource::{TableProvider, TableType};
-use datafusion::error::DataFusionError;
-use datafusion::logical_expr::Expr;
 use datafusion::parquet::arrow::ArrowWriter;
-use datafusion::physical_plan::ExecutionPlan;
 use serde::{Deserialize, Serialize};
 
 use super::delta::SinkCommit;
@@ -56,6 +48,18 @@ impl SinkFormat {
             SinkFormat::Parquet => "parquet",
             SinkFormat::Json => "json",
             SinkFormat::Csv => "csv",
+        }
+    }
+
+    /// How to read a sink folder of this format back: through its manifest (see
+    /// [`FileSourceConfig::list`]), failing on anything malformed.
+    pub fn reader(self, dir: &Path, schema: SchemaRef) -> FileSourceConfig {
+        FileSourceConfig {
+            path: dir.to_path_buf(),
+            format: self.source_format(),
+            mode: ParseMode::FailFast,
+            max_files_per_trigger: None,
+            schema,
         }
     }
 
@@ -239,66 +243,5 @@ impl FileSink {
         Ok(SinkCommit::Committed {
             version: batch_id as i64,
         })
-    }
-}
-
-/// A file sink's folder as a table: the committed files only, read at every scan.
-#[derive(Debug)]
-pub struct FileSinkReadTable {
-    dir: PathBuf,
-    format: SinkFormat,
-    schema: SchemaRef,
-}
-
-impl FileSinkReadTable {
-    pub fn new(dir: &Path, format: SinkFormat, schema: SchemaRef) -> FileSinkReadTable {
-        FileSinkReadTable {
-            dir: dir.to_path_buf(),
-            format,
-            schema,
-        }
-    }
-}
-
-#[async_trait]
-impl TableProvider for FileSinkReadTable {
-    fn schema(&self) -> SchemaRef {
-        self.schema.clone()
-    }
-
-    fn table_type(&self) -> TableType {
-        TableType::Base
-    }
-
-    async fn scan(
-        &self,
-        _state: &dyn Session,
-        projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
-        _limit: Option<usize>,
-    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
-        let source = FileSourceConfig {
-            path: self.dir.clone(),
-            format: self.format.source_format(),
-            mode: ParseMode::FailFast,
-            max_files_per_trigger: None,
-            schema: self.schema.clone(),
-        };
-        let dir = self.dir.clone();
-        let batches = tokio::task::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
-            let mut out = Vec::new();
-            for f in FileSink::committed_files(&dir)? {
-                out.extend(source.read(&f)?.batches);
-            }
-            Ok(out)
-        })
-        .await
-        .map_err(|e| DataFusionError::External(Box::new(e)))?
-        .map_err(|e| DataFusionError::External(Box::new(e)))?;
-        Ok(MemorySourceConfig::try_new_exec(
-            &[batches],
-            self.schema.clone(),
-            projection.cloned(),
-        )?)
     }
 }

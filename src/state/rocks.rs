@@ -92,6 +92,13 @@ impl RocksBackend {
         self.root.join("work")
     }
 
+    fn exists(db: &DB, key: &[u8]) -> Result<bool> {
+        Ok(db
+            .get_pinned(key)
+            .map_err(|e| rocks_err("reading", e))?
+            .is_some())
+    }
+
     fn write_opts() -> WriteOptions {
         let mut w = WriteOptions::default();
         w.disable_wal(true);
@@ -218,10 +225,7 @@ impl Backend for RocksBackend {
         self.clean_version = None;
         let db = self.db()?;
         let dk = Self::data_key(key);
-        let existed = db
-            .get_pinned(&dk)
-            .map_err(|e| rocks_err("reading", e))?
-            .is_some();
+        let existed = Self::exists(db, &dk)?;
         let wo = Self::write_opts();
         db.put_opt(&dk, value, &wo)
             .map_err(|e| rocks_err("writing", e))?;
@@ -239,11 +243,7 @@ impl Backend for RocksBackend {
         self.clean_version = None;
         let db = self.db()?;
         let dk = Self::data_key(key);
-        let existed = db
-            .get_pinned(&dk)
-            .map_err(|e| rocks_err("reading", e))?
-            .is_some();
-        if !existed {
+        if !Self::exists(db, &dk)? {
             return Ok(false);
         }
         let wo = Self::write_opts();

@@ -179,8 +179,12 @@ async fn sigkill_mid_available_now_loses_and_duplicates_nothing() {
     server.stop().await;
 }
 
-/// Dies at a named point of batch 5, restarts, finishes; the table is exactly once.
-async fn crash_at(point: &str) {
+/// Lands the files, starts a server armed to die at `point` of batch 5, creates the
+/// pipeline into `connector`, and waits for the crash; then restarts and lets it finish.
+async fn crash_then_finish(
+    point: &str,
+    connector: &str,
+) -> (tempfile::TempDir, std::path::PathBuf, TestServer, Client) {
     let tmp = tempfile::tempdir().unwrap();
     let landing = tmp.path().join("landing");
     land_files(&landing);
@@ -189,7 +193,7 @@ async fn crash_at(point: &str) {
     let spec = format!("{point}@6");
     let mut server = TestServer::start(&data_dir, port, &[("TIDEMARK_CRASH_AT", &spec)]).await;
     let client = server.connect().await;
-    create_pipeline(&client, &landing).await;
+    create_pipeline_into(&client, &landing, connector).await;
     let status = server.wait_exit().await;
     assert!(
         !status.success(),
@@ -201,8 +205,13 @@ async fn crash_at(point: &str) {
             .contains(&format!("crash point {point} reached"))
     );
     drop(client);
-
     let (server, client) = finish(&data_dir, port).await;
+    (tmp, data_dir, server, client)
+}
+
+/// Dies at a named point of batch 5, restarts, finishes; the table is exactly once.
+async fn crash_at(point: &str) {
+    let (_tmp, data_dir, server, client) = crash_then_finish(point, "delta").await;
     check_exactly_once(&client, &data_dir).await;
     if point == "after_sink_commit" {
         assert!(
@@ -239,18 +248,7 @@ async fn parquet_sink_crash_at_each_point_is_exactly_once() {
         "after_sink_commit",
         "after_commit_log",
     ] {
-        let tmp = tempfile::tempdir().unwrap();
-        let landing = tmp.path().join("landing");
-        land_files(&landing);
-        let data_dir = tmp.path().join("data");
-        let port = free_port();
-        let spec = format!("{point}@6");
-        let mut server = TestServer::start(&data_dir, port, &[("TIDEMARK_CRASH_AT", &spec)]).await;
-        let client = server.connect().await;
-        create_pipeline_into(&client, &landing, "parquet").await;
-        assert!(!server.wait_exit().await.success(), "{point}: no crash");
-        drop(client);
-        let (server, client) = finish(&data_dir, port).await;
+        let (_tmp, data_dir, server, client) = crash_then_finish(point, "parquet").await;
         let row = client
             .query_one("SELECT count(*), count(DISTINCT id) FROM copied", &[])
             .await

@@ -16,23 +16,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use crate::harness::{TestServer, free_port, poll};
-
-/// xorshift64*: a small, seeded, reproducible generator.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545F4914F6CDD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use crate::harness::{Rng, TestServer, free_port, poll};
 
 const BASE_MS: i64 = 1_781_085_600_000; // 2026-06-10T10:00:00Z
 const MINUTE: i64 = 60_000;

@@ -64,7 +64,7 @@ fn run_exits_non_zero_with_the_error() {
     std::fs::write(
         &script,
         format!(
-            "CREATE STREAM s (a BIGINT) WITH (format = 'json', path = '{}');
+            "CREATE STREAM s (a BIGINT) WITH (format = 'json', path = '{}', mode = 'FAILFAST');
              CREATE SINK k WITH (trigger = 'once') AS SELECT a FROM s;",
             landing.display()
         ),
@@ -75,8 +75,8 @@ fn run_exits_non_zero_with_the_error() {
     let stderr = text(&out.stderr);
     assert!(stderr.contains("sink \"k\" failed"), "stderr:\n{stderr}");
     assert!(
-        stderr.contains("bad.json"),
-        "the error names the file:\n{stderr}"
+        stderr.contains("bad.json line 2"),
+        "the error names the file and line:\n{stderr}"
     );
 
     std::fs::write(&script, "CREATE STREAM (").unwrap();

@@ -17,7 +17,7 @@ use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::crash::{final_watermark, state_dump, stores};
-use crate::harness::{TestServer, free_port, poll};
+use crate::harness::{Rng, TestServer, free_port, poll};
 
 const FILES: usize = 40;
 const PAGES: u64 = 50;
@@ -26,22 +26,6 @@ const PAGES: u64 = 50;
 const STEP_S: f64 = 0.5;
 /// 2026-06-10T00:00:00Z.
 const BASE_S: i64 = 1_781_049_600;
-
-/// xorshift64*: small, seedable, good enough to pick kill moments and data.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name)
