@@ -9,7 +9,8 @@
 # window closes, so the state ends with KEYS rows and the sink writes nothing. The run is
 # `tidemark run` (available_now, 2 files per batch); prints wall time, peak RSS, the state
 # rows of the last batch and the state's size on disk. Needs the rocksdb feature (built
-# here). Environment: BENCH_DIR (default /tmp/state-bench), FILES (default 20), MFPT (2).
+# here unless SKIP_BUILD is set). Environment: BENCH_DIR (default /tmp/state-bench), FILES
+# (default 20), MFPT (2).
 set -euo pipefail
 KEYS=${1:-10000000}
 STORE=${2:-rocksdb}
@@ -38,7 +39,7 @@ for f in range(files):
 PY
     mv "$LANDING.tmp" "$LANDING"
 fi
-(cd "$ROOT" && cargo build --release --features rocksdb --quiet)
+[ -n "${SKIP_BUILD:-}" ] || (cd "$ROOT" && cargo build --release --features rocksdb --quiet)
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/tidemark
 RUN=$WORK/tidemark-$KEYS-$STORE
 rm -rf "$RUN" && mkdir -p "$RUN"
