@@ -14,15 +14,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 static ARMED: OnceLock<Option<(String, u64)>> = OnceLock::new();
 static HITS: AtomicU64 = AtomicU64::new(0);
 
-fn armed() -> &'static Option<(String, u64)> {
-    ARMED.get_or_init(|| {
-        let v = std::env::var("TIDEMARK_CRASH_AT").ok()?;
-        let (point, n) = match v.split_once('@') {
-            Some((p, n)) => (p.to_string(), n.parse().unwrap_or(1)),
-            None => (v, 1),
-        };
-        Some((point, n))
+/// `<point>[@<n>]` from an environment variable.
+fn parse_armed(var: &str) -> Option<(String, u64)> {
+    let v = std::env::var(var).ok()?;
+    Some(match v.split_once('@') {
+        Some((p, n)) => (p.to_string(), n.parse().unwrap_or(1)),
+        None => (v, 1),
     })
+}
+
+fn armed() -> &'static Option<(String, u64)> {
+    ARMED.get_or_init(|| parse_armed("TIDEMARK_CRASH_AT"))
 }
 
 /// Aborts the process here if this point is armed and its hit count is reached.
@@ -43,14 +45,7 @@ static FAIL_HITS: AtomicU64 = AtomicU64::new(0);
 /// `fail_point("<point>")` return an I/O error, as a full disk or a revoked permission
 /// would: for tests of failure handling. Points: `sink_write:<sink name>`.
 pub fn fail_point(point: &str) -> crate::error::Result<()> {
-    let armed = FAIL_ARMED.get_or_init(|| {
-        let v = std::env::var("TIDEMARK_FAIL_AT").ok()?;
-        let (point, n) = match v.split_once('@') {
-            Some((p, n)) => (p.to_string(), n.parse().unwrap_or(1)),
-            None => (v, 1),
-        };
-        Some((point, n))
-    });
+    let armed = FAIL_ARMED.get_or_init(|| parse_armed("TIDEMARK_FAIL_AT"));
     if let Some((p, n)) = armed
         && p == point
         && FAIL_HITS.fetch_add(1, Ordering::SeqCst) + 1 == *n
