@@ -18,7 +18,7 @@ FILES=${FILES:-20}
 MFPT=${MFPT:-2}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${BENCH_DIR:-/tmp/state-bench}
-LANDING=$WORK/landing-$KEYS
+LANDING=$WORK/landing-$KEYS-$FILES
 if [ ! -d "$LANDING" ]; then
     mkdir -p "$LANDING.tmp"
     python3 - "$LANDING.tmp" "$KEYS" "$FILES" <<'PY'
@@ -41,7 +41,7 @@ PY
 fi
 [ -n "${SKIP_BUILD:-}" ] || (cd "$ROOT" && cargo build --release --features rocksdb --quiet)
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/tidemark
-RUN=$WORK/tidemark-$KEYS-$STORE
+RUN=$WORK/tidemark-$KEYS-$STORE-$FILES-$MFPT
 rm -rf "$RUN" && mkdir -p "$RUN"
 cat > "$RUN/pipeline.sql" <<SQL
 CREATE STREAM events (user_id TEXT, event_time TIMESTAMP, amount BIGINT,
@@ -55,13 +55,12 @@ COPY (SELECT batch_id, batch_duration_ms, num_input_rows, state_rows_total
 SQL
 RUST_LOG=warn /usr/bin/time -v "$BIN" run "$RUN/pipeline.sql" --data-dir "$RUN/data" \
     > "$RUN/out.txt" 2> "$RUN/time.txt"
-python3 - "$RUN" "$KEYS" "$STORE" <<'PY'
-import csv, re, subprocess, sys
+python3 - "$RUN" "$KEYS" "$STORE" "$ROOT/benches" <<'PY'
+import csv, subprocess, sys
 run, keys, store = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-t = open(run + "/time.txt").read()
-wall = t.split("Elapsed (wall clock) time (h:mm:ss or m:ss):")[1].split()[0]
-secs = sum(float(x) * 60 ** i for i, x in enumerate(reversed(wall.split(":"))))
-rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", t).group(1))
+sys.path.insert(0, sys.argv[4])
+from timed import wall_and_rss
+secs, rss = wall_and_rss(run + "/time.txt")
 rows = list(csv.DictReader(open(run + "/progress.csv")))
 state = int(rows[-1]["state_rows_total"])
 disk = subprocess.run(["du", "-sm", run + "/data/checkpoints"], capture_output=True,

@@ -33,16 +33,24 @@ pub trait Backend: Send + Sync {
     fn scan_prefix(&self, prefix: &[u8], f: &mut dyn FnMut(&[u8], &[u8])) -> Result<()>;
     /// Calls `f` with every key whose time is at or before `upto`.
     fn scan_time(&self, upto: i64, f: &mut dyn FnMut(&[u8])) -> Result<()>;
-    /// Sets `key` (indexed by `time`).
-    fn put(&mut self, key: &[u8], value: &[u8], time: Option<i64>) -> Result<()>;
-    /// Removes `key`; whether it was there.
-    fn delete(&mut self, key: &[u8], time: Option<i64>) -> Result<bool>;
+    /// Applies `changes` at once: its removals, then its upserts. Returns how many of the
+    /// removed keys were there.
+    fn write(&mut self, changes: Changes) -> Result<u64>;
     /// Entries in the map.
     fn entries(&self) -> u64;
     /// Makes the map durable as `version`; the approximate memory it holds.
     fn commit(&mut self, version: u64) -> Result<u64>;
     /// Snapshots and clean-up after the commit log of the last committed version.
     fn maintain(&mut self) -> Result<()>;
+}
+
+/// A set of changes to a [`Backend`], applied together.
+#[derive(Default)]
+pub struct Changes {
+    /// Keys to remove, with the time they are indexed by.
+    pub deletes: Vec<(Vec<u8>, Option<i64>)>,
+    /// Keys to set, with their values and times (applied after the removals).
+    pub puts: Vec<(Vec<u8>, Vec<u8>, Option<i64>)>,
 }
 
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
@@ -407,23 +415,26 @@ impl<B: Backend> StateStore for KvState<B> {
     }
 
     fn apply(&mut self, rows: &RecordBatch, removed: &RecordBatch) -> Result<()> {
+        let mut changes = Changes::default();
         if removed.num_rows() > 0 {
-            let keys = self.keys(removed)?;
-            let times = self.times(removed)?;
-            for (k, t) in keys.iter().zip(times) {
-                if self.backend.delete(k, t)? {
-                    self.removed += 1;
-                }
-            }
+            changes.deletes = self
+                .keys(removed)?
+                .into_iter()
+                .zip(self.times(removed)?)
+                .collect();
         }
         if rows.num_rows() > 0 {
-            let keys = self.keys(rows)?;
-            let values = self.values(rows)?;
-            let times = self.times(rows)?;
-            for ((k, v), t) in keys.iter().zip(&values).zip(times) {
-                self.backend.put(k, v, t)?;
-            }
+            changes.puts = self
+                .keys(rows)?
+                .into_iter()
+                .zip(self.values(rows)?)
+                .zip(self.times(rows)?)
+                .map(|((k, v), t)| (k, v, t))
+                .collect();
             self.updated += rows.num_rows() as u64;
+        }
+        if !changes.deletes.is_empty() || !changes.puts.is_empty() {
+            self.removed += self.backend.write(changes)?;
         }
         Ok(())
     }
@@ -583,6 +594,49 @@ mod tests {
                 "{kind:?}"
             );
             assert_eq!(r.expired(9).unwrap().num_rows(), 0, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn counts_and_the_time_index_follow_updates_removals_and_re_insertions() {
+        for kind in kinds() {
+            let dir = tempfile::tempdir().unwrap();
+            let none = rows(&[]);
+            let mut s = open(kind, dir.path(), layout(3)).unwrap();
+            s.load(0).unwrap();
+            s.apply(&rows(&[(0, "a", 1), (0, "b", 1), (50, "c", 1)]), &none)
+                .unwrap();
+            // Updates of existing keys, twice in one batch for "a"; a removal of a key that
+            // is not there; a key removed and set again in one change (a session that did
+            // not move).
+            s.apply(&rows(&[(0, "a", 2), (0, "a", 3)]), &rows(&[(0, "zz", 0)]))
+                .unwrap();
+            s.apply(&rows(&[(0, "b", 5)]), &rows(&[(0, "b", 0)]))
+                .unwrap();
+            let m = s.commit(1).unwrap();
+            assert_eq!((m.rows_total, m.rows_removed), (3, 1), "{kind:?}");
+            // Each key once in the time index, whatever the number of writes.
+            assert_eq!(
+                contents(&[s.expired(10).unwrap()]),
+                vec![(0, "a".into(), 3), (0, "b".into(), 5)],
+                "{kind:?}"
+            );
+            s.apply(&none, &s.expired(10).unwrap()).unwrap();
+            let m = s.commit(2).unwrap();
+            assert_eq!((m.rows_total, m.rows_removed), (1, 2), "{kind:?}");
+            assert_eq!(s.expired(100).unwrap().num_rows(), 1, "{kind:?}");
+            drop(s);
+            let mut r = open(kind, dir.path(), layout(3)).unwrap();
+            r.load(2).unwrap();
+            assert_eq!(r.expired(10).unwrap().num_rows(), 0, "{kind:?}");
+            r.apply(&rows(&[(0, "a", 9)]), &none).unwrap();
+            let m = r.commit(3).unwrap();
+            assert_eq!(m.rows_total, 2, "{kind:?}");
+            assert_eq!(
+                contents(&[r.expired(10).unwrap()]),
+                vec![(0, "a".into(), 9)],
+                "{kind:?}"
+            );
         }
     }
 

@@ -26,7 +26,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef
 use datafusion::arrow::ipc::reader::FileReader;
 use datafusion::arrow::ipc::writer::FileWriter;
 
-use super::kv::Backend;
+use super::kv::{Backend, Changes};
 use super::snapshot_interval;
 use crate::checkpoint::MIN_BATCHES_TO_RETAIN;
 use crate::error::{Error, Result};
@@ -230,19 +230,20 @@ impl Backend for MemoryBackend {
         Ok(())
     }
 
-    fn put(&mut self, key: &[u8], value: &[u8], time: Option<i64>) -> Result<()> {
-        let entry = Some((value.to_vec(), time));
-        self.pending.insert(key.to_vec(), entry.clone());
-        self.set(key.to_vec(), entry);
-        Ok(())
-    }
-
-    fn delete(&mut self, key: &[u8], _time: Option<i64>) -> Result<bool> {
-        let existed = self.set(key.to_vec(), None);
-        if existed {
-            self.pending.insert(key.to_vec(), None);
+    fn write(&mut self, changes: Changes) -> Result<u64> {
+        let mut removed = 0;
+        for (key, _) in changes.deletes {
+            if self.set(key.clone(), None) {
+                self.pending.insert(key, None);
+                removed += 1;
+            }
         }
-        Ok(existed)
+        for (key, value, time) in changes.puts {
+            let entry = Some((value, time));
+            self.pending.insert(key.clone(), entry.clone());
+            self.set(key, entry);
+        }
+        Ok(removed)
     }
 
     fn entries(&self) -> u64 {

@@ -13,15 +13,20 @@
 //! the number of entries. Loading version `v` rebuilds `work/` from `<v>/` (SST files are
 //! hard-linked, not copied), so a load costs the metadata files, not the state's size.
 //! Memory is bounded by the block cache and the memtables, whatever the number of keys.
+//! A batch reads with one sorted, batched `MultiGet` and writes through `WriteBatch`es;
+//! the time index is written when a key is new, and removed with it.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use rocksdb::checkpoint::Checkpoint;
 use rocksdb::{
-    BlockBasedOptions, Cache, DB, DBCompressionType, Direction, IteratorMode, Options, WriteOptions,
+    BlockBasedIndexType, BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DB,
+    DBCompressionType, DEFAULT_COLUMN_FAMILY_NAME, Direction, IteratorMode, Options, ReadOptions,
+    WriteBatch, WriteOptions,
 };
 
-use super::kv::{Backend, time_bytes};
+use super::kv::{Backend, Changes, time_bytes};
 use crate::checkpoint::MIN_BATCHES_TO_RETAIN;
 use crate::error::{Error, Result};
 use crate::fsutil::{create_dir_all, sync_dir};
@@ -33,6 +38,8 @@ const COUNT_KEY: &[u8] = b"m:count";
 const BLOCK_CACHE_BYTES: usize = 64 << 20;
 /// Memtable size; two at most.
 const WRITE_BUFFER_BYTES: usize = 32 << 20;
+/// Changes go to the database in write batches of about this size.
+const WRITE_BATCH_BYTES: usize = 4 << 20;
 
 /// See the module documentation.
 pub struct RocksBackend {
@@ -67,9 +74,23 @@ impl RocksBackend {
         opts.set_write_buffer_size(WRITE_BUFFER_BYTES);
         opts.set_max_write_buffer_number(2);
         opts.set_max_open_files(256);
+        // Flushes and compactions in the background, so that writes rarely stall.
+        opts.increase_parallelism(2);
+        opts.set_max_background_jobs(4);
+        opts.set_bytes_per_sync(1 << 20);
         let mut table = BlockBasedOptions::default();
         table.set_block_cache(&Cache::new_lru_cache(BLOCK_CACHE_BYTES));
+        // Index and filter blocks live in the block cache, partitioned into small blocks:
+        // a whole-file filter of a large SST is bigger than a cache shard, would never
+        // stay cached, and would be read again for every lookup. Only the top level of
+        // each partitioned index and filter is pinned.
         table.set_cache_index_and_filter_blocks(true);
+        table.set_cache_index_and_filter_blocks_with_high_priority(true);
+        table.set_index_type(BlockBasedIndexType::TwoLevelIndexSearch);
+        table.set_partition_filters(true);
+        table.set_metadata_block_size(4096);
+        table.set_pin_top_level_index_and_filter(true);
+        table.set_pin_l0_filter_and_index_blocks_in_cache(true);
         table.set_bloom_filter(10.0, false);
         opts.set_block_based_table_factory(&table);
         Ok(RocksBackend {
@@ -92,11 +113,10 @@ impl RocksBackend {
         self.root.join("work")
     }
 
-    fn exists(db: &DB, key: &[u8]) -> Result<bool> {
-        Ok(db
-            .get_pinned(key)
-            .map_err(|e| rocks_err("reading", e))?
-            .is_some())
+    /// The handle batched lookups need.
+    fn default_cf(db: &DB) -> Result<&ColumnFamily> {
+        db.cf_handle(DEFAULT_COLUMN_FAMILY_NAME)
+            .ok_or_else(|| Error::Internal("rocksdb state has no default column family".into()))
     }
 
     fn write_opts() -> WriteOptions {
@@ -159,6 +179,48 @@ impl RocksBackend {
     }
 }
 
+/// Writes in batches of [`WRITE_BATCH_BYTES`], without the write-ahead log.
+struct Batcher<'a> {
+    db: &'a DB,
+    batch: WriteBatch,
+}
+
+impl<'a> Batcher<'a> {
+    fn new(db: &'a DB) -> Self {
+        Batcher {
+            db,
+            batch: WriteBatch::default(),
+        }
+    }
+
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.batch.put(key, value);
+        self.flush_if_full()
+    }
+
+    fn delete(&mut self, key: &[u8]) -> Result<()> {
+        self.batch.delete(key);
+        self.flush_if_full()
+    }
+
+    fn flush_if_full(&mut self) -> Result<()> {
+        if self.batch.size_in_bytes() >= WRITE_BATCH_BYTES {
+            self.finish()?;
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        let batch = std::mem::take(&mut self.batch);
+        self.db
+            .write_opt(batch, &RocksBackend::write_opts())
+            .map_err(|e| rocks_err("writing", e))
+    }
+}
+
 impl Backend for RocksBackend {
     fn load(&mut self, version: u64) -> Result<()> {
         if self.db.is_some() && self.clean_version == Some(version) {
@@ -172,7 +234,10 @@ impl Backend for RocksBackend {
         if version > 0 {
             self.restore(version)?;
         }
-        let db = DB::open(&self.opts, &work).map_err(|e| rocks_err("opening state", e))?;
+        // Named explicitly so that `cf_handle` finds it (batched lookups need a handle).
+        let cf = ColumnFamilyDescriptor::new(DEFAULT_COLUMN_FAMILY_NAME, self.opts.clone());
+        let db = DB::open_cf_descriptors(&self.opts, &work, [cf])
+            .map_err(|e| rocks_err("opening state", e))?;
         self.count = match db.get(COUNT_KEY).map_err(|e| rocks_err("reading", e))? {
             Some(v) => u64::from_be_bytes(
                 v.as_slice()
@@ -189,9 +254,14 @@ impl Backend for RocksBackend {
 
     fn multi_get(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
         let db = self.db()?;
-        db.multi_get(keys.iter().map(|k| Self::data_key(k)))
+        let keys: Vec<Vec<u8>> = keys.iter().map(|k| Self::data_key(k)).collect();
+        let sorted = keys.is_sorted();
+        db.batched_multi_get_cf(Self::default_cf(db)?, &keys, sorted)
             .into_iter()
-            .map(|r| r.map_err(|e| rocks_err("reading", e)))
+            .map(|r| {
+                r.map(|v| v.map(|v| v.to_vec()))
+                    .map_err(|e| rocks_err("reading", e))
+            })
             .collect()
     }
 
@@ -210,10 +280,14 @@ impl Backend for RocksBackend {
 
     fn scan_time(&self, upto: i64, f: &mut dyn FnMut(&[u8])) -> Result<()> {
         let db = self.db()?;
-        let end = time_bytes(upto);
-        for item in db.iterator(IteratorMode::From(&[TIME], Direction::Forward)) {
+        let mut read = ReadOptions::default();
+        read.set_iterate_upper_bound(match upto.checked_add(1) {
+            Some(next) => Self::time_key(next, &[]),
+            None => vec![TIME + 1],
+        });
+        for item in db.iterator_opt(IteratorMode::From(&[TIME], Direction::Forward), read) {
             let (k, _) = item.map_err(|e| rocks_err("scanning", e))?;
-            if k.first() != Some(&TIME) || k.len() < 9 || k[1..9] > end[..] {
+            if k.first() != Some(&TIME) || k.len() < 9 {
                 break;
             }
             f(&k[9..]);
@@ -221,40 +295,53 @@ impl Backend for RocksBackend {
         Ok(())
     }
 
-    fn put(&mut self, key: &[u8], value: &[u8], time: Option<i64>) -> Result<()> {
+    fn write(&mut self, changes: Changes) -> Result<u64> {
         self.clean_version = None;
         let db = self.db()?;
-        let dk = Self::data_key(key);
-        let existed = Self::exists(db, &dk)?;
-        let wo = Self::write_opts();
-        db.put_opt(&dk, value, &wo)
-            .map_err(|e| rocks_err("writing", e))?;
-        if let Some(t) = time {
-            db.put_opt(Self::time_key(t, key), [], &wo)
-                .map_err(|e| rocks_err("writing", e))?;
+        // Which keys exist: one sorted, batched lookup for the whole change set. The entry
+        // count needs it, and the time index is written only for keys that are new.
+        let mut keys: Vec<Vec<u8>> = changes
+            .deletes
+            .iter()
+            .map(|(k, _)| Self::data_key(k))
+            .chain(changes.puts.iter().map(|(k, _, _)| Self::data_key(k)))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let cf = Self::default_cf(db)?;
+        let mut present: HashMap<&[u8], bool> = HashMap::with_capacity(keys.len());
+        for (k, found) in keys.iter().zip(db.batched_multi_get_cf(cf, &keys, true)) {
+            let found = found.map_err(|e| rocks_err("reading", e))?.is_some();
+            present.insert(&k[1..], found);
         }
-        if !existed {
-            self.count += 1;
+        let mut batch = Batcher::new(db);
+        let mut removed = 0;
+        for (key, time) in &changes.deletes {
+            let Some(p) = present.get_mut(key.as_slice()).filter(|p| **p) else {
+                continue;
+            };
+            *p = false;
+            removed += 1;
+            batch.delete(&Self::data_key(key))?;
+            if let Some(t) = time {
+                batch.delete(&Self::time_key(*t, key))?;
+            }
         }
-        Ok(())
-    }
-
-    fn delete(&mut self, key: &[u8], time: Option<i64>) -> Result<bool> {
-        self.clean_version = None;
-        let db = self.db()?;
-        let dk = Self::data_key(key);
-        if !Self::exists(db, &dk)? {
-            return Ok(false);
+        let mut added = 0;
+        for (key, value, time) in &changes.puts {
+            batch.put(&Self::data_key(key), value)?;
+            let Some(p) = present.get_mut(key.as_slice()).filter(|p| !**p) else {
+                continue;
+            };
+            *p = true;
+            added += 1;
+            if let Some(t) = time {
+                batch.put(&Self::time_key(*t, key), &[])?;
+            }
         }
-        let wo = Self::write_opts();
-        db.delete_opt(&dk, &wo)
-            .map_err(|e| rocks_err("writing", e))?;
-        if let Some(t) = time {
-            db.delete_opt(Self::time_key(t, key), &wo)
-                .map_err(|e| rocks_err("writing", e))?;
-        }
-        self.count -= 1;
-        Ok(true)
+        batch.finish()?;
+        self.count = self.count + added - removed;
+        Ok(removed)
     }
 
     fn entries(&self) -> u64 {
