@@ -7,7 +7,7 @@
 # bench.py uses), builds the release binary, then times `tidemark run` from process start
 # to exit under /usr/bin/time -v and prints wall time, events/s and peak RSS.
 # Environment: BENCH_DIR (default /tmp/tidemark-bench), MFPT (max_files_per_trigger,
-# default 10), GEN_CLICKS (path of gen_clicks.py).
+# default 10), GEN_CLICKS (path of gen_clicks.py), SKIP_BUILD (use the binary as built).
 set -euo pipefail
 EVENTS=${1:-1000000}
 FILES=${2:-100}
@@ -21,7 +21,7 @@ mkdir -p "$WORK"
 if [ ! -d "$LANDING" ]; then
     python3 "$GEN" --out "$LANDING" --events "$EVENTS" --files "$FILES" --seed 1 --quiet
 fi
-(cd "$ROOT" && cargo build --release --quiet)
+[ -n "${SKIP_BUILD:-}" ] || (cd "$ROOT" && cargo build --release --quiet)
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/tidemark
 
 rm -rf "$WORK/data" "$WORK/sink"
@@ -37,9 +37,7 @@ SQL
 RUST_LOG=warn /usr/bin/time -v "$BIN" run "$WORK/pipeline.sql" --data-dir "$WORK/data" \
     > "$WORK/out.txt" 2> "$WORK/time.txt"
 cat "$WORK/out.txt"
-WALL=$(grep "Elapsed (wall clock)" "$WORK/time.txt" | awk '{print $NF}')
-RSS_KB=$(grep "Maximum resident set size" "$WORK/time.txt" | awk '{print $NF}')
-SECS=$(python3 -c "p='$WALL'.split(':'); print(sum(float(x)*60**i for i,x in enumerate(reversed(p))))")
+read -r SECS RSS_KB < <(python3 "$ROOT/benches/timed.py" "$WORK/time.txt")
 python3 - <<PY
 events, secs, rss = $EVENTS, $SECS, $RSS_KB
 cores = 2

@@ -9,7 +9,9 @@
 # --late-fraction 0.05 --lateness-max 9m --seed 7), so Spark's bench.py reads the same
 # files. Prints wall time, events/s, events/s per core and peak RSS, and, when Spark's
 # output for the same files is given in SPARK_CSV, whether the results are identical.
-# Environment: MFPT (max_files_per_trigger, default 10), BENCH_DIR, SPARK_CSV.
+# Environment: MFPT (max_files_per_trigger, default 10), BENCH_DIR, SPARK_CSV, STORE
+# (state_store, default memory; rocksdb needs a binary built with --features rocksdb),
+# SKIP_BUILD (use the binary as built).
 set -euo pipefail
 EVENTS=${1:-1000000}
 MFPT=${MFPT:-10}
@@ -21,7 +23,7 @@ if [ ! -d "$LANDING" ]; then
     python3 "$GEN" --out "$LANDING" --events "$EVENTS" --files 100 --users 10000 --pages 10 \
         --span 24h --late-fraction 0.05 --lateness-max 9m --seed 7 --quiet
 fi
-(cd "$ROOT" && cargo build --release --quiet)
+[ -n "${SKIP_BUILD:-}" ] || (cd "$ROOT" && cargo build --release --quiet)
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/tidemark
 RUN=$WORK/tidemark-$EVENTS
 rm -rf "$RUN" && mkdir -p "$RUN"
@@ -29,7 +31,7 @@ cat > "$RUN/pipeline.sql" <<SQL
 CREATE STREAM clicks (user_id TEXT, page TEXT, event_time TIMESTAMP, duration_s DOUBLE PRECISION)
 WITH (connector = 'file', format = 'json', path = '$LANDING', max_files_per_trigger = $MFPT);
 CREATE SINK page_views_5m WITH (path = '$RUN/sink', watermark = 'event_time - 10 minutes',
-    output_mode = 'append', trigger = 'available_now') AS
+    output_mode = 'append', trigger = 'available_now', state_store = '${STORE:-memory}') AS
 SELECT window.start AS window_start, window.end AS window_end, page,
        count(*) AS views, sum(duration_s) AS total_duration_s
 FROM clicks GROUP BY window(event_time, '5 minutes'), page;
@@ -37,13 +39,12 @@ COPY (SELECT * FROM page_views_5m) TO '$RUN/output.csv' STORED AS CSV;
 SQL
 RUST_LOG=warn /usr/bin/time -v "$BIN" run "$RUN/pipeline.sql" --data-dir "$RUN/data" \
     > "$RUN/out.txt" 2> "$RUN/time.txt"
-python3 - "$RUN" "$EVENTS" "${SPARK_CSV:-}" <<'PY'
+python3 - "$RUN" "$EVENTS" "${SPARK_CSV:-}" "$ROOT/benches" <<'PY'
 import csv, re, sys
 run, events, spark_csv = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-t = open(run + "/time.txt").read()
-wall = t.split("Elapsed (wall clock) time (h:mm:ss or m:ss):")[1].split()[0]
-secs = sum(float(x) * 60 ** i for i, x in enumerate(reversed(wall.split(":"))))
-rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", t).group(1))
+sys.path.insert(0, sys.argv[4])
+from timed import wall_and_rss
+secs, rss = wall_and_rss(run + "/time.txt")
 def iso(s):
     s = s.replace(" ", "T")
     s = re.sub(r"\.0+$", "", s.replace("Z", ""))

@@ -41,18 +41,15 @@ fn land_files(dir: &Path) {
 }
 
 /// How many batches a sink's checkpoint has committed (files in `commits/`).
-fn committed_batches(data_dir: &Path, sink: &str) -> usize {
+/// Batches in a sink's commit log (0 before it exists).
+pub(crate) fn committed_batches(data_dir: &Path, sink: &str) -> usize {
     std::fs::read_dir(data_dir.join("checkpoints").join(sink).join("commits"))
-        .unwrap()
-        .filter(|e| {
-            e.as_ref()
-                .unwrap()
-                .file_name()
-                .to_string_lossy()
-                .parse::<u64>()
-                .is_ok()
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().parse::<u64>().is_ok())
+                .count()
         })
-        .count()
+        .unwrap_or(0)
 }
 
 async fn create_pipeline(client: &Client, landing: &Path) {

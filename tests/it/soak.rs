@@ -85,13 +85,7 @@ fn expected_max_t(dir: &Path) -> i64 {
 }
 
 fn committed(data_dir: &Path) -> usize {
-    std::fs::read_dir(data_dir.join("checkpoints/views/commits"))
-        .map(|d| {
-            d.flatten()
-                .filter(|e| e.file_name().to_string_lossy().parse::<u64>().is_ok())
-                .count()
-        })
-        .unwrap_or(0)
+    crate::crash::committed_batches(data_dir, "views")
 }
 
 async fn start(data_dir: &Path, landing: &Path, port: u16, store: &str) -> TestServer {
