@@ -278,6 +278,7 @@ impl FileSourceConfig {
         let batches: Vec<RecordBatch> = match &self.format {
             FileFormat::Json => datafusion::arrow::json::ReaderBuilder::new(data_schema.clone())
                 .with_batch_size(BATCH_SIZE)
+                .with_coerce_primitive(true)
                 .build(input)?
                 .collect::<std::result::Result<_, _>>()?,
             FileFormat::Csv { header, delimiter } => {
@@ -315,6 +316,7 @@ impl FileSourceConfig {
             FileFormat::Json => {
                 let mut d = datafusion::arrow::json::ReaderBuilder::new(schema.clone())
                     .with_batch_size(batch_size)
+                    .with_coerce_primitive(true)
                     .build_decoder()?;
                 d.decode(text)?;
                 d.flush()
@@ -338,6 +340,66 @@ impl FileSourceConfig {
             }
             _ => Ok(None),
         }
+    }
+
+    /// The fields of a malformed record that parse on their own, as Spark keeps them in
+    /// PERMISSIVE mode: a JSON object's members that fit their columns, a CSV line's
+    /// fields that fit theirs (a short line leaves the last columns NULL, extra fields are
+    /// ignored). `None` when the text is not a JSON object or a CSV record at all.
+    fn partial(&self, schema: &SchemaRef, text: &[u8]) -> Option<RecordBatch> {
+        let values: Vec<Option<Vec<u8>>> = match &self.format {
+            FileFormat::Json => {
+                let serde_json::Value::Object(members) =
+                    serde_json::from_slice::<serde_json::Value>(text).ok()?
+                else {
+                    return None;
+                };
+                schema
+                    .fields()
+                    .iter()
+                    .map(|f| {
+                        members.get(f.name()).map(|v| {
+                            serde_json::to_vec(&serde_json::json!({ f.name(): v }))
+                                .unwrap_or_default()
+                        })
+                    })
+                    .collect()
+            }
+            FileFormat::Csv { delimiter, .. } => {
+                let mut reader = csv::ReaderBuilder::new()
+                    .has_headers(false)
+                    .flexible(true)
+                    .delimiter(*delimiter)
+                    .from_reader(text);
+                let record = reader.byte_records().next()?.ok()?;
+                (0..schema.fields().len())
+                    .map(|i| {
+                        record.get(i).map(|field| {
+                            let mut w = csv::WriterBuilder::new()
+                                .delimiter(*delimiter)
+                                .from_writer(Vec::new());
+                            let _ = w.write_record([field]);
+                            w.into_inner().unwrap_or_default()
+                        })
+                    })
+                    .collect()
+            }
+            _ => return None,
+        };
+        let columns = schema
+            .fields()
+            .iter()
+            .zip(values)
+            .map(|(f, value)| {
+                let one = Arc::new(Schema::new(vec![f.as_ref().clone().with_nullable(true)]));
+                value
+                    .and_then(|v| self.decode(&one, &v, 1).ok().flatten())
+                    .filter(|b| b.num_rows() == 1)
+                    .map(|b| b.column(0).clone())
+                    .unwrap_or_else(|| new_null_array(f.data_type(), 1))
+            })
+            .collect();
+        RecordBatch::try_new(schema.clone(), columns).ok()
     }
 
     /// JSON or CSV records, one per line, with malformed ones handled per [`ParseMode`].
@@ -402,6 +464,7 @@ impl FileSourceConfig {
                                             String::from_utf8_lossy(text)
                                                 .trim_end_matches(['\n', '\r'])
                                                 .to_string(),
+                                            self.partial(&data_schema, text),
                                         )),
                                     }
                                 }
@@ -429,14 +492,14 @@ impl FileSourceConfig {
     }
 }
 
-/// Decoded rows, or a malformed record's raw text.
+/// Decoded rows, or a malformed record's raw text and the fields of it that parsed.
 enum Part {
     Rows(RecordBatch),
-    Corrupt(String),
+    Corrupt(String, Option<RecordBatch>),
 }
 
-/// Batches of the declared schema from decoded parts: a malformed record is a row of
-/// NULLs with its text in `_corrupt_record` (when declared).
+/// Batches of the declared schema from decoded parts: a malformed record is a row of the
+/// fields that parsed (NULLs elsewhere) with its text in `_corrupt_record` (when declared).
 fn assemble(
     schema: &SchemaRef,
     data_schema: &SchemaRef,
@@ -473,13 +536,19 @@ fn assemble(
                 corrupt.extend(std::iter::repeat_n(None, b.num_rows()));
                 run.push(b);
             }
-            Part::Corrupt(text) => {
-                let nulls = data_schema
-                    .fields()
-                    .iter()
-                    .map(|f| new_null_array(f.data_type(), 1))
-                    .collect();
-                run.push(RecordBatch::try_new(data_schema.clone(), nulls)?);
+            Part::Corrupt(text, fields) => {
+                let row = match fields {
+                    Some(row) => row,
+                    None => {
+                        let nulls = data_schema
+                            .fields()
+                            .iter()
+                            .map(|f| new_null_array(f.data_type(), 1))
+                            .collect();
+                        RecordBatch::try_new(data_schema.clone(), nulls)?
+                    }
+                };
+                run.push(row);
                 corrupt.push(Some(text));
             }
         }
@@ -666,13 +735,13 @@ mod tests {
         let got = rows(&read);
         assert_eq!(got.len(), 5, "{got:?}");
         assert_eq!(got[0], (s("/a"), Some(1), None));
-        assert_eq!(got[1], (None, None, s(r#"{"page":"/b","n":"many"}"#)));
+        assert_eq!(got[1], (s("/b"), None, s(r#"{"page":"/b","n":"many"}"#)));
         assert_eq!(got[2], (None, None, s(r#"{"page":"#)));
         assert_eq!(got[3].0, None);
         assert!(got[3].2.as_deref().unwrap().contains("\u{fffd}"), "{got:?}");
         assert_eq!(got[4], (s("/c"), Some(4), None));
 
-        // Without _corrupt_record, PERMISSIVE keeps all-NULL rows.
+        // Without _corrupt_record, PERMISSIVE keeps the rows too.
         let read = config(FileFormat::Json, ParseMode::Permissive, false)
             .read(&file)
             .unwrap();
@@ -693,6 +762,96 @@ mod tests {
         assert_eq!(e.sqlstate().code(), "22P02");
         let msg = e.to_string();
         assert!(msg.contains("bad.json line 2"), "{msg}");
+    }
+
+    /// What Spark keeps of malformed records in PERMISSIVE mode. Expected rows are PySpark
+    /// 4.3.0's for the same lines: `spark.read.format(f).schema("page STRING, n BIGINT,
+    /// _corrupt_record STRING").option("mode", "PERMISSIVE")` (CSV with header = true).
+    #[test]
+    fn permissive_keeps_the_fields_that_parse_like_spark() {
+        use datafusion::arrow::array::{Array, AsArray};
+        use datafusion::arrow::datatypes::Int64Type;
+        let dir = tempfile::tempdir().unwrap();
+        let s = |x: &str| Some(x.to_string());
+        let json = dir.path().join("p.json");
+        std::fs::write(
+            &json,
+            concat!(
+                "{\"page\":\"/b\",\"n\":\"many\"}\n",
+                "{\"page\":7,\"n\":5}\n",
+                "{\"n\":6}\n",
+                "[1,2]\n",
+                "\"str\"\n",
+                "{\"page\":\"/e\",\"n\":9999999999999999999999}\n",
+                "{\"page\":\"/f\",\"n\":null,\"extra\":{\"x\":1}}\n",
+            ),
+        )
+        .unwrap();
+        let read = config(FileFormat::Json, ParseMode::Permissive, true)
+            .read(&json)
+            .unwrap();
+        assert_eq!(
+            rows(&read),
+            vec![
+                (s("/b"), None, s(r#"{"page":"/b","n":"many"}"#)),
+                (s("7"), Some(5), None),
+                (None, Some(6), None),
+                (None, None, s("[1,2]")),
+                (None, None, s(r#""str""#)),
+                (
+                    s("/e"),
+                    None,
+                    s(r#"{"page":"/e","n":9999999999999999999999}"#)
+                ),
+                (s("/f"), None, None),
+            ]
+        );
+        assert_eq!(read.malformed, 4);
+
+        let csv_file = dir.path().join("p.csv");
+        std::fs::write(&csv_file, "page,n\n/a,1\n/b,many\n/c\n/d,4,extra\n/e,5\n").unwrap();
+        let mut cfg = config(
+            FileFormat::Csv {
+                header: true,
+                delimiter: b',',
+            },
+            ParseMode::Permissive,
+            true,
+        );
+        // This test's schema without event_time: (page, n, _corrupt_record).
+        cfg.schema = Arc::new(Schema::new(vec![
+            Field::new("page", DataType::Utf8, true),
+            Field::new("n", DataType::Int64, true),
+            Field::new(CORRUPT_RECORD, DataType::Utf8, true),
+        ]));
+        let read = cfg.read(&csv_file).unwrap();
+        let got: Vec<_> = read
+            .batches
+            .iter()
+            .flat_map(|b| {
+                let page = b.column(0).as_string::<i32>().clone();
+                let n = b.column(1).as_primitive::<Int64Type>().clone();
+                let c = b.column(2).as_string::<i32>().clone();
+                (0..b.num_rows()).map(move |i| {
+                    (
+                        (!page.is_null(i)).then(|| page.value(i).to_string()),
+                        (!n.is_null(i)).then(|| n.value(i)),
+                        (!c.is_null(i)).then(|| c.value(i).to_string()),
+                    )
+                })
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (s("/a"), Some(1), None),
+                (s("/b"), None, s("/b,many")),
+                (s("/c"), None, s("/c")),
+                (s("/d"), Some(4), s("/d,4,extra")),
+                (s("/e"), Some(5), None),
+            ]
+        );
+        assert_eq!(read.malformed, 3);
     }
 
     #[test]
