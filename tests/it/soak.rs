@@ -8,7 +8,7 @@
 //!
 //! ```text
 //! TIDEMARK_SOAK_EVENTS=2000000 TIDEMARK_SOAK_KILLS=200 TIDEMARK_SOAK_SEED=7 \
-//!   cargo test --release --features rocksdb --test it soak -- --nocapture
+//!   cargo test --features rocksdb --test it soak -- --nocapture
 //! ```
 
 use std::collections::BTreeMap;
