@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# State churn: many keys enter and leave the state every batch.
+#
+#   benches/state_churn.sh [STORE]        (STORE = memory | rocksdb; default memory)
+#
+# 5 M events in 100 JSON files (one per batch), in event-time order over one day, with user
+# ids drawn from 1 M (seeded), aggregated by (10-minute window, user_id) in append mode with
+# a 1-minute watermark delay: each batch adds ~50 k keys and evicts a closed window's
+# 34–68 k keys. Prints wall time, peak RSS, batch times, and the closed windows with their
+# events (the last windows stay open; both stores must print the same).
+# Environment: BENCH_DIR (default /tmp/state-churn), SKIP_BUILD (use the binary as built).
+set -euo pipefail
+STORE=${1:-memory}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+WORK=${BENCH_DIR:-/tmp/state-churn}
+LANDING=$WORK/landing
+if [ ! -d "$LANDING" ]; then
+    mkdir -p "$LANDING.tmp"
+    python3 - "$LANDING.tmp" <<'PY'
+import os, random, sys, time
+out = sys.argv[1]
+random.seed(3)
+base, files, per = 1781049600, 100, 50000  # 2026-06-10T00:00:00Z
+now = time.time() - 3600
+for f in range(files):
+    path = os.path.join(out, "part-%04d.json" % f)
+    with open(path, "w") as fh:
+        for i in range(per):
+            t = base + (f * per + i) * 86400 // (files * per)
+            fh.write('{"user_id":"u%d","event_time":"%s","amount":%d}\n' % (
+                random.randrange(1000000), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)),
+                i % 100))
+    os.utime(path, (now + f, now + f))
+PY
+    mv "$LANDING.tmp" "$LANDING"
+fi
+[ -n "${SKIP_BUILD:-}" ] || (cd "$ROOT" && cargo build --release --features rocksdb --quiet)
+BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/tidemark
+RUN=$WORK/tidemark-$STORE
+rm -rf "$RUN" && mkdir -p "$RUN"
+cat > "$RUN/pipeline.sql" <<SQL
+CREATE STREAM events (user_id TEXT, event_time TIMESTAMP, amount BIGINT,
+    WATERMARK FOR event_time AS event_time - INTERVAL '1 minute')
+WITH (format = 'json', path = '$LANDING', max_files_per_trigger = 1);
+CREATE SINK per_user WITH (path = '$RUN/sink', trigger = 'available_now', state_store = '$STORE') AS
+SELECT window.start AS w, user_id, count(*) AS n, sum(amount) AS total
+FROM events GROUP BY window(event_time, '10 minutes'), user_id;
+COPY (SELECT batch_id, batch_duration_ms, state_rows_total, state_rows_removed
+      FROM tidemark.progress ORDER BY batch_id) TO '$RUN/progress.csv' STORED AS CSV;
+COPY (SELECT count(*) AS windows, sum(n) AS events FROM per_user) TO '$RUN/result.csv' STORED AS CSV;
+SQL
+RUST_LOG=warn /usr/bin/time -v "$BIN" run "$RUN/pipeline.sql" --data-dir "$RUN/data" \
+    > "$RUN/out.txt" 2> "$RUN/time.txt"
+python3 - "$RUN" "$STORE" "$ROOT/benches" <<'PY'
+import csv, sys
+run, store = sys.argv[1], sys.argv[2]
+sys.path.insert(0, sys.argv[3])
+from timed import wall_and_rss
+secs, rss = wall_and_rss(run + "/time.txt")
+batches = list(csv.DictReader(open(run + "/progress.csv")))
+ms = sorted(int(b["batch_duration_ms"]) for b in batches)
+result = next(csv.DictReader(open(run + "/result.csv")))
+print(f"store={store} batches={len(batches)} wall={secs:.1f}s peak_rss={rss/1024:.0f} MiB "
+      f"batch_ms_median={ms[len(ms)//2]} batch_ms_max={ms[-1]} "
+      f"closed_windows={result['windows']} events_in_closed_windows={result['events']}")
+PY
