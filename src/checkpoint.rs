@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
-use crate::fsutil::{create_dir_all, write_atomic, write_new};
+use crate::fsutil::{create_dir_all, numbered, write_atomic, write_new};
 use crate::source::file::ListedFile;
 
 /// A micro-batch id: 0, 1, 2, ... never skipping.
@@ -227,7 +227,7 @@ impl Checkpoint {
         }
         let keep_from = n - MIN_BATCHES_TO_RETAIN;
         for dir in [self.offsets_dir(), self.commits_dir()] {
-            if let Ok(ids) = list_ids(&dir) {
+            if let Ok(ids) = numbered(&dir, "") {
                 for id in ids.into_iter().filter(|&id| id < keep_from) {
                     let _ = std::fs::remove_file(dir.join(id.to_string()));
                 }
@@ -306,24 +306,8 @@ fn read_optional(file: &Path) -> Result<Option<String>> {
     }
 }
 
-/// The numeric file names in a log directory (temp files and others are ignored).
-fn list_ids(dir: &Path) -> Result<Vec<u64>> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
-        Err(e) => return Err(Error::io(format!("listing {}", dir.display()), e)),
-    };
-    let mut ids = Vec::new();
-    for e in entries.flatten() {
-        if let Some(id) = e.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) {
-            ids.push(id);
-        }
-    }
-    Ok(ids)
-}
-
 fn latest_id(dir: &Path) -> Result<Option<u64>> {
-    Ok(list_ids(dir)?.into_iter().max())
+    Ok(numbered(dir, "")?.into_iter().max())
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! Durable file writes: the only place that knows how to make a write survive a crash.
+//! Durable file writes: the only place that knows how to make a write survive a crash;
+//! and the listing of numbered files that logs and state versions are kept in.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -58,4 +59,20 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
 /// Creates a directory and its parents.
 pub fn create_dir_all(dir: &Path) -> Result<()> {
     fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))
+}
+
+/// The numbers `n` of the entries named `<n><suffix>` in `dir`, ascending (none if `dir`
+/// does not exist; other names, such as temporary files, are ignored).
+pub fn numbered(dir: &Path, suffix: &str) -> Result<Vec<u64>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+        Err(e) => return Err(Error::io(format!("listing {}", dir.display()), e)),
+    };
+    let mut ids: Vec<u64> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.strip_suffix(suffix)?.parse().ok())
+        .collect();
+    ids.sort_unstable();
+    Ok(ids)
 }

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use super::delta::SinkCommit;
 use crate::checkpoint::BatchId;
 use crate::error::{Error, Result};
-use crate::fsutil::{create_dir_all, sync_dir, write_new};
+use crate::fsutil::{create_dir_all, numbered, sync_dir, write_new};
 use crate::source::file::{FileFormat, FileSourceConfig, ParseMode};
 
 /// The manifest directory, named as Spark names it.
@@ -126,20 +126,14 @@ impl FileSink {
     /// Manifest files: batch id and whether the file is a compaction, ascending.
     fn manifests(dir: &Path) -> Result<Vec<(u64, bool)>> {
         let m = Self::manifest_dir(dir);
-        let entries = match std::fs::read_dir(&m) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
-            Err(e) => return Err(Error::io(format!("listing {}", m.display()), e)),
-        };
-        let mut ids: Vec<(u64, bool)> = entries
-            .flatten()
-            .filter_map(|e| {
-                let name = e.file_name().to_string_lossy().into_owned();
-                match name.strip_suffix(COMPACT_SUFFIX) {
-                    Some(id) => Some((id.parse().ok()?, true)),
-                    None => Some((name.parse().ok()?, false)),
-                }
-            })
+        let mut ids: Vec<(u64, bool)> = numbered(&m, "")?
+            .into_iter()
+            .map(|id| (id, false))
+            .chain(
+                numbered(&m, COMPACT_SUFFIX)?
+                    .into_iter()
+                    .map(|id| (id, true)),
+            )
             .collect();
         ids.sort();
         Ok(ids)

@@ -30,7 +30,7 @@ use super::kv::{Backend, Changes};
 use super::snapshot_interval;
 use crate::checkpoint::MIN_BATCHES_TO_RETAIN;
 use crate::error::{Error, Result};
-use crate::fsutil::{create_dir_all, write_atomic_then};
+use crate::fsutil::{create_dir_all, numbered, write_atomic_then};
 
 /// Per-entry overhead counted in the memory estimate (map node, vectors).
 const ENTRY_OVERHEAD: u64 = 96;
@@ -153,18 +153,7 @@ impl MemoryBackend {
     }
 
     fn versions(&self, ext: &str) -> Vec<u64> {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else {
-            return vec![];
-        };
-        let mut v: Vec<u64> = entries
-            .flatten()
-            .filter_map(|e| {
-                let name = e.file_name().to_string_lossy().into_owned();
-                name.strip_suffix(ext)?.parse().ok()
-            })
-            .collect();
-        v.sort();
-        v
+        numbered(&self.dir, ext).unwrap_or_default()
     }
 }
 

@@ -29,7 +29,7 @@ use rocksdb::{
 use super::kv::{Backend, Changes, time_bytes};
 use crate::checkpoint::MIN_BATCHES_TO_RETAIN;
 use crate::error::{Error, Result};
-use crate::fsutil::{create_dir_all, sync_dir};
+use crate::fsutil::{create_dir_all, numbered, sync_dir};
 
 const DATA: u8 = b'd';
 const TIME: u8 = b't';
@@ -169,13 +169,7 @@ impl RocksBackend {
     }
 
     fn versions(&self) -> Vec<u64> {
-        let Ok(entries) = std::fs::read_dir(&self.root) else {
-            return vec![];
-        };
-        entries
-            .flatten()
-            .filter_map(|e| e.file_name().to_string_lossy().parse().ok())
-            .collect()
+        numbered(&self.root, "").unwrap_or_default()
     }
 }
 
