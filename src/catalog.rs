@@ -12,8 +12,11 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::format::{CORRUPT_RECORD, FileDecoder, FileFormat, ParseMode};
 use crate::fsutil::write_atomic;
-use crate::source::file::{CORRUPT_RECORD, FileFormat, FileSourceConfig, ParseMode};
+use crate::source::file::FileSourceConfig;
+use crate::source::rate::{RateConfig, RateMicroBatchConfig};
+use crate::source::table::{DEFAULT_SEGMENT_BYTES, TableConfig};
 use crate::sql::options::{Options, Trigger};
 use crate::sql::parser::{ColumnSpec, WatermarkSpec};
 use crate::sql::types::sql_to_arrow;
@@ -30,8 +33,50 @@ pub struct StreamDef {
     pub options: Options,
     /// Derived from the above on creation and on load.
     #[serde(skip)]
-    pub source: Option<Arc<FileSourceConfig>>,
+    pub source: Option<StreamSource>,
 }
+
+/// Where a stream's rows come from, as its options configure it.
+#[derive(Debug, Clone)]
+pub enum StreamSource {
+    /// `connector = 'file'`: a landing directory.
+    File(Arc<FileSourceConfig>),
+    /// `connector = 'table'`: rows sent with INSERT and COPY, kept in the stream's log.
+    Table(TableConfig),
+    /// `connector = 'rate'`: rows per second of wall time (spec §13.1).
+    Rate(RateConfig),
+    /// `connector = 'rate_micro_batch'`: a fixed number of rows per batch (spec §13.2).
+    RateMicroBatch(RateMicroBatchConfig),
+}
+
+impl StreamSource {
+    pub fn connector(&self) -> &'static str {
+        match self {
+            StreamSource::File(_) => "file",
+            StreamSource::Table(_) => "table",
+            StreamSource::Rate(_) => "rate",
+            StreamSource::RateMicroBatch(_) => "rate_micro_batch",
+        }
+    }
+
+    pub fn schema(&self) -> SchemaRef {
+        match self {
+            StreamSource::File(f) => f.schema(),
+            StreamSource::Table(t) => t.schema.clone(),
+            StreamSource::Rate(_) | StreamSource::RateMicroBatch(_) => {
+                crate::source::rate::schema()
+            }
+        }
+    }
+}
+
+/// Options of a table stream.
+const TABLE_OPTIONS: &[&str] = &[
+    "connector",
+    "max_rows_per_trigger",
+    "retention",
+    "segment_bytes",
+];
 
 impl StreamDef {
     /// Validates a declaration and derives its source configuration.
@@ -45,12 +90,35 @@ impl StreamDef {
         for c in &mut columns {
             c.data_type = sql_to_arrow(&c.sql_type)?;
         }
-        let connector = options.get("connector").unwrap_or("file");
-        if connector != "file" {
-            return Err(Error::Unsupported {
-                message: format!("connector \"{connector}\" is not supported for streams"),
-                hint: Some("Use connector = 'file'.".into()),
-            });
+        // Without a connector: a landing directory if a path is given, else rows sent over
+        // the wire.
+        let default = if options.get("path").is_some() || options.get("format").is_some() {
+            "file"
+        } else {
+            "table"
+        };
+        let connector = options.get("connector").unwrap_or(default).to_string();
+        match connector.as_str() {
+            "file" => {}
+            "table" => return Self::table(name, columns, watermark, options),
+            c @ ("rate" | "rate_micro_batch") => {
+                return Self::rate(c, name, columns, watermark, options);
+            }
+            other => {
+                return Err(Error::Unsupported {
+                    message: format!("connector \"{other}\" is not supported for streams"),
+                    hint: Some(
+                        "Use connector = 'file', 'table', 'rate' or 'rate_micro_batch'.".into(),
+                    ),
+                });
+            }
+        }
+        if let Some(c) = columns.iter().find(|c| c.not_null) {
+            return Err(Error::unsupported(format!(
+                "NOT NULL is not supported in file streams (column \"{}\"): Spark reads every \
+                 file field as nullable",
+                c.name
+            )));
         }
         options.check_known(
             "a file stream",
@@ -116,6 +184,7 @@ impl StreamDef {
                     name: "value".into(),
                     sql_type: "TEXT".into(),
                     data_type: DataType::Utf8,
+                    not_null: false,
                 });
             } else if columns.len() != 1 || columns[0].data_type != DataType::Utf8 {
                 return Err(Error::invalid_option(
@@ -123,24 +192,7 @@ impl StreamDef {
                 ));
             }
         }
-        if columns.is_empty() {
-            return Err(Error::InvalidOption {
-                message: format!("stream \"{name}\" needs an explicit schema"),
-                hint: Some("List the columns: CREATE STREAM s (col type, ...) WITH (...).".into()),
-            });
-        }
-        let mut seen = std::collections::HashSet::new();
-        for c in &columns {
-            if !seen.insert(c.name.clone()) {
-                return Err(Error::DuplicateObject {
-                    kind: "column",
-                    name: c.name.clone(),
-                });
-            }
-        }
-        if let Some(wm) = &watermark {
-            check_watermark(&columns, wm)?;
-        }
+        check_columns(&name, &columns, watermark.as_ref())?;
         // Spark makes every file-source field nullable (spec §10.1).
         let schema: SchemaRef = Arc::new(Schema::new(
             columns
@@ -157,30 +209,186 @@ impl StreamDef {
         }
         let source = FileSourceConfig {
             path,
-            format,
-            mode,
+            decoder: FileDecoder {
+                format,
+                mode,
+                schema,
+            },
             max_files_per_trigger,
-            schema,
         };
         Ok(StreamDef {
             name,
             columns,
             watermark,
             options,
-            source: Some(Arc::new(source)),
+            source: Some(StreamSource::File(Arc::new(source))),
         })
     }
 
-    /// The file source of this stream.
-    pub fn source(&self) -> Arc<FileSourceConfig> {
+    /// A stream fed over the wire (`connector = 'table'`).
+    fn table(
+        name: String,
+        columns: Vec<ColumnSpec>,
+        watermark: Option<WatermarkSpec>,
+        options: Options,
+    ) -> Result<StreamDef> {
+        options.check_known("a table stream", TABLE_OPTIONS)?;
+        check_columns(&name, &columns, watermark.as_ref())?;
+        let schema: SchemaRef = Arc::new(Schema::new(
+            columns
+                .iter()
+                .map(|c| Field::new(&c.name, c.data_type.clone(), !c.not_null))
+                .collect::<Vec<_>>(),
+        ));
+        let retention = options
+            .get("retention")
+            .map(crate::sql::options::parse_duration)
+            .transpose()?;
+        let segment_bytes = options
+            .positive_int("segment_bytes")?
+            .unwrap_or(DEFAULT_SEGMENT_BYTES);
+        let config = TableConfig {
+            schema,
+            max_rows_per_trigger: options.positive_int("max_rows_per_trigger")?,
+            retention,
+            segment_bytes,
+        };
+        Ok(StreamDef {
+            name,
+            columns,
+            watermark,
+            options,
+            source: Some(StreamSource::Table(config)),
+        })
+    }
+
+    /// A rate source: fixed columns `timestamp`, `value` (spec §13).
+    fn rate(
+        connector: &str,
+        name: String,
+        columns: Vec<ColumnSpec>,
+        watermark: Option<WatermarkSpec>,
+        options: Options,
+    ) -> Result<StreamDef> {
+        if !columns.is_empty() {
+            return Err(Error::InvalidOption {
+                message: format!("a {connector} stream has the fixed columns timestamp and value"),
+                hint: Some(format!(
+                    "Leave the column list out: CREATE STREAM {name} WITH (connector = '{connector}', ...)."
+                )),
+            });
+        }
+        let columns = vec![
+            ColumnSpec {
+                name: "timestamp".into(),
+                sql_type: "TIMESTAMP".into(),
+                data_type: sql_to_arrow("TIMESTAMP")?,
+                not_null: false,
+            },
+            ColumnSpec {
+                name: "value".into(),
+                sql_type: "BIGINT".into(),
+                data_type: DataType::Int64,
+                not_null: false,
+            },
+        ];
+        if let Some(wm) = &watermark {
+            check_watermark(&columns, wm)?;
+        }
+        let partitions = options
+            .positive_int("num_partitions")?
+            .map_or(crate::config::parallelism() as i64, |n| n as i64);
+        let source = if connector == "rate" {
+            options.check_known(
+                "a rate stream",
+                &[
+                    "connector",
+                    "rows_per_second",
+                    "ramp_up_time",
+                    "num_partitions",
+                ],
+            )?;
+            let ramp_up = options
+                .get("ramp_up_time")
+                .map(crate::sql::options::parse_duration)
+                .transpose()?
+                .map_or(0, |d| d.as_secs() as i64);
+            StreamSource::Rate(RateConfig {
+                rows_per_second: options.positive_int("rows_per_second")?.unwrap_or(1) as i64,
+                ramp_up_secs: ramp_up,
+                num_partitions: partitions,
+            })
+        } else {
+            options.check_known(
+                "a rate_micro_batch stream",
+                &[
+                    "connector",
+                    "rows_per_batch",
+                    "num_partitions",
+                    "start_timestamp",
+                    "advance_millis_per_batch",
+                ],
+            )?;
+            let rows = options.positive_int("rows_per_batch")?.ok_or_else(|| {
+                Error::InvalidOption {
+                    message:
+                        "missing required option \"rows_per_batch\" for a rate_micro_batch stream"
+                            .into(),
+                    hint: Some("Add rows_per_batch = N.".into()),
+                }
+            })?;
+            StreamSource::RateMicroBatch(RateMicroBatchConfig {
+                rows_per_batch: rows as i64,
+                num_partitions: partitions,
+                start_timestamp_ms: options.non_negative_int("start_timestamp")?.unwrap_or(0)
+                    as i64,
+                advance_ms_per_batch: options
+                    .non_negative_int("advance_millis_per_batch")?
+                    .unwrap_or(1000) as i64,
+            })
+        };
+        Ok(StreamDef {
+            name,
+            columns,
+            watermark,
+            options,
+            source: Some(source),
+        })
+    }
+
+    /// Where this stream's rows come from.
+    pub fn source(&self) -> &StreamSource {
         // Set by `try_new`, the only constructor; `load` goes through it too.
         self.source
-            .clone()
+            .as_ref()
             .expect("stream source is derived on load")
     }
 
     pub fn schema(&self) -> SchemaRef {
-        self.source().schema.clone()
+        self.source().schema()
+    }
+}
+
+/// A declared schema: not empty, distinct names, a watermark on one of its timestamps.
+fn check_columns(name: &str, columns: &[ColumnSpec], wm: Option<&WatermarkSpec>) -> Result<()> {
+    if columns.is_empty() {
+        return Err(Error::InvalidOption {
+            message: format!("stream \"{name}\" needs an explicit schema"),
+            hint: Some("List the columns: CREATE STREAM s (col type, ...) [WITH (...)].".into()),
+        });
+    }
+    let mut seen = std::collections::HashSet::new();
+    for c in columns {
+        if !seen.insert(c.name.clone()) {
+            return Err(Error::DuplicateObject {
+                kind: "column",
+                name: c.name.clone(),
+            });
+        }
+    }
+    match wm {
+        Some(wm) => check_watermark(columns, wm),
+        None => Ok(()),
     }
 }
 
@@ -259,9 +467,9 @@ pub struct SinkDef {
 }
 
 impl SinkDef {
-    /// `delta`, `parquet`, `json`, `csv` or `console`.
-    pub fn connector(&self) -> &str {
-        self.options.get("connector").unwrap_or("delta")
+    /// The sink's connector (`delta` by default).
+    pub fn connector(&self) -> Result<crate::sink::SinkConnector> {
+        crate::sink::SinkConnector::parse(self.options.get("connector").unwrap_or("delta"))
     }
 }
 

@@ -5,8 +5,12 @@
 //!   metadata            {"id":"<query uuid>"}, written once
 //!   offsets/<N>         v1, batch metadata JSON, one offset JSON per source (write-ahead log)
 //!   commits/<N>         v1, {"nextBatchWatermarkMs":...}   (batch N is done)
-//!   sources/0/<k>       v1, one JSON line per file taken in file-source log entry k
+//!   sources/<i>/        source i's own log, if it keeps one (the file source's, see
+//!                       `crate::source::file::log`)
+//!   state/<op>/<part>/  state of stateful operator op (see `crate::state`)
 //! ```
+//!
+//! The checkpoint knows no concrete source or sink: offsets are the JSON each source gives.
 //!
 //! Every entry is written atomically and fsynced, and never overwritten. The protocol is:
 //! `offsets/N` before batch N runs, the sink commit, then `commits/N`. On restart, an
@@ -19,14 +23,10 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
-use crate::fsutil::{create_dir_all, numbered, write_atomic, write_new};
-use crate::source::file::ListedFile;
+use crate::fsutil::{create_dir_all, numbered, read_optional, write_atomic, write_new};
+pub use crate::types::BatchId;
 
-/// A micro-batch id: 0, 1, 2, ... never skipping.
-pub type BatchId = u64;
-
-/// How many log entries are kept (Spark's `minBatchesToRetain`).
-pub const MIN_BATCHES_TO_RETAIN: u64 = 100;
+pub use crate::config::MIN_BATCHES_TO_RETAIN;
 
 /// The metadata line of `offsets/N`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -89,15 +89,6 @@ pub struct CommitEntry {
     pub next_batch_watermark_ms: i64,
 }
 
-/// One line of a file-source log entry.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SourceFileEntry {
-    pub path: String,
-    pub timestamp: i64,
-    pub batch_id: u64,
-}
-
 /// An open checkpoint directory.
 #[derive(Debug, Clone)]
 pub struct Checkpoint {
@@ -114,7 +105,7 @@ struct Metadata {
 impl Checkpoint {
     /// Opens (creating if needed) the checkpoint at `root`.
     pub fn open(root: &Path) -> Result<Checkpoint> {
-        for d in ["offsets", "commits", "sources/0"] {
+        for d in ["offsets", "commits"] {
             create_dir_all(&root.join(d))?;
         }
         let meta = root.join("metadata");
@@ -153,11 +144,9 @@ impl Checkpoint {
         self.root.join("commits")
     }
 
-    /// The file-source log of source `i`.
-    pub fn source_log(&self, i: usize) -> FileSourceLog {
-        FileSourceLog {
-            dir: self.root.join("sources").join(i.to_string()),
-        }
+    /// The directory of source `i`'s own log (`sources/<i>`).
+    pub fn source_dir(&self, i: usize) -> PathBuf {
+        self.root.join("sources").join(i.to_string())
     }
 
     /// The newest `offsets/N`, if any.
@@ -236,74 +225,8 @@ impl Checkpoint {
     }
 }
 
-/// The log of files a file source has taken: entry `k` lists the files of log offset `k`.
-#[derive(Debug, Clone)]
-pub struct FileSourceLog {
-    dir: PathBuf,
-}
-
-impl FileSourceLog {
-    /// The newest entry id, if any.
-    pub fn latest(&self) -> Result<Option<u64>> {
-        latest_id(&self.dir)
-    }
-
-    /// The files of entry `k`.
-    pub fn entry(&self, k: u64) -> Result<Vec<SourceFileEntry>> {
-        let file = self.dir.join(k.to_string());
-        let text = read_optional(&file)?.ok_or_else(|| {
-            Error::Internal(format!(
-                "file source log entry {} is missing",
-                file.display()
-            ))
-        })?;
-        let mut lines = text.lines();
-        if lines.next() != Some("v1") {
-            return Err(Error::Internal(format!(
-                "corrupt file source log {}",
-                file.display()
-            )));
-        }
-        lines
-            .filter(|l| !l.is_empty())
-            .map(|l| {
-                serde_json::from_str(l).map_err(|e| {
-                    Error::Internal(format!("corrupt file source log {}: {e}", file.display()))
-                })
-            })
-            .collect()
-    }
-
-    /// Writes entry `k` durably.
-    pub fn write(&self, k: u64, files: &[ListedFile]) -> Result<()> {
-        let mut text = String::from("v1");
-        for f in files {
-            text.push('\n');
-            text.push_str(&to_json(&SourceFileEntry {
-                path: f.path.clone(),
-                timestamp: f.timestamp,
-                batch_id: k,
-            })?);
-        }
-        if !write_new(&self.dir.join(k.to_string()), text.as_bytes())? {
-            return Err(Error::Internal(format!(
-                "file source log entry {k} already exists"
-            )));
-        }
-        Ok(())
-    }
-}
-
 fn to_json<T: Serialize>(v: &T) -> Result<String> {
     serde_json::to_string(v).map_err(|e| Error::Internal(format!("encoding JSON: {e}")))
-}
-
-fn read_optional(file: &Path) -> Result<Option<String>> {
-    match std::fs::read_to_string(file) {
-        Ok(t) => Ok(Some(t)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::io(format!("reading {}", file.display()), e)),
-    }
 }
 
 fn latest_id(dir: &Path) -> Result<Option<u64>> {

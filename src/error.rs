@@ -23,6 +23,10 @@ pub enum SqlState {
     NumericValueOutOfRange,
     InvalidTextRepresentation,
     InsufficientResources,
+    NotNullViolation,
+    BadCopyFileFormat,
+    WrongObjectType,
+    QueryCanceled,
     IoError,
     InternalError,
 }
@@ -46,6 +50,10 @@ impl SqlState {
             SqlState::NumericValueOutOfRange => "22003",
             SqlState::InvalidTextRepresentation => "22P02",
             SqlState::InsufficientResources => "53000",
+            SqlState::NotNullViolation => "23502",
+            SqlState::BadCopyFileFormat => "22P04",
+            SqlState::WrongObjectType => "42809",
+            SqlState::QueryCanceled => "57014",
             SqlState::IoError => "58030",
             SqlState::InternalError => "XX000",
         }
@@ -93,6 +101,23 @@ pub enum Error {
     /// A checkpoint that the sink's (new) definition cannot continue from (spec §9.4).
     #[error("{message}")]
     IncompatibleCheckpoint { message: String, hint: String },
+    /// A NULL for a NOT NULL column of a table stream.
+    #[error(
+        "null value in column \"{column}\" of relation \"{relation}\" violates not-null constraint"
+    )]
+    NotNullViolation { column: String, relation: String },
+    /// An object of the wrong kind for the statement (COPY into a sink, say).
+    #[error("{0}")]
+    WrongObjectType(String),
+    /// The client abandoned the statement (`CopyFail`).
+    #[error("{0}")]
+    QueryCanceled(String),
+    /// A column that the relation does not have.
+    #[error("column \"{column}\" of relation \"{relation}\" does not exist")]
+    UndefinedColumn { column: String, relation: String },
+    /// A row of `COPY ... FROM STDIN` that cannot be taken, with Postgres's SQLSTATE.
+    #[error("{message}")]
+    BadCopy { state: SqlState, message: String },
     /// A file or directory could not be read or written.
     #[error("{context}: {source}")]
     Io {
@@ -130,6 +155,11 @@ impl Error {
             Error::WrongState(_) => SqlState::ObjectNotInPrerequisiteState,
             Error::IncompatibleCheckpoint { .. } => SqlState::ObjectNotInPrerequisiteState,
             Error::BadInput(_) => SqlState::InvalidTextRepresentation,
+            Error::NotNullViolation { .. } => SqlState::NotNullViolation,
+            Error::UndefinedColumn { .. } => SqlState::UndefinedColumn,
+            Error::WrongObjectType(_) => SqlState::WrongObjectType,
+            Error::QueryCanceled(_) => SqlState::QueryCanceled,
+            Error::BadCopy { state, .. } => *state,
             Error::Io { .. } => SqlState::IoError,
             Error::Delta { .. } => SqlState::IoError,
             Error::DataFusion(e) => classify_datafusion(e),
@@ -195,6 +225,9 @@ pub fn parser_message(e: &datafusion::sql::sqlparser::parser::ParserError) -> St
 pub fn classify_datafusion(e: &DataFusionError) -> SqlState {
     use datafusion::arrow::error::ArrowError;
     match e.find_root() {
+        DataFusionError::External(inner) if inner.downcast_ref::<Error>().is_some() => inner
+            .downcast_ref::<Error>()
+            .map_or(SqlState::InternalError, Error::sqlstate),
         DataFusionError::SQL(..) => SqlState::SyntaxError,
         DataFusionError::NotImplemented(_) => SqlState::FeatureNotSupported,
         DataFusionError::ResourcesExhausted(_) => SqlState::InsufficientResources,
@@ -210,6 +243,13 @@ pub fn classify_datafusion(e: &DataFusionError) -> SqlState {
         DataFusionError::ArrowError(err, _) => match err.as_ref() {
             ArrowError::DivideByZero => SqlState::DivisionByZero,
             ArrowError::ArithmeticOverflow(_) => SqlState::NumericValueOutOfRange,
+            // A literal that does not fit its column's type: `Can't cast value 1e20 to type
+            // Int64`, `Overflow happened on: ...`.
+            ArrowError::CastError(m)
+                if m.contains("Can't cast value") || m.contains("Overflow") =>
+            {
+                SqlState::NumericValueOutOfRange
+            }
             ArrowError::CastError(_) | ArrowError::ParseError(_) => {
                 SqlState::InvalidTextRepresentation
             }
@@ -258,12 +298,23 @@ pub fn strip_datafusion_prefix(e: &DataFusionError) -> String {
         "SQL error: ",
         "Schema error: ",
         "Arrow error: ",
+        "External error: ",
     ] {
+        if let Some(rest) = text.strip_prefix(prefix) {
+            return strip_arrow_prefix(rest);
+        }
+    }
+    strip_arrow_prefix(&text)
+}
+
+/// Arrow's own prefixes (`Cast error: `, `Parser error: `) add nothing for users either.
+fn strip_arrow_prefix(text: &str) -> String {
+    for prefix in ["Cast error: ", "Parser error: ", "Invalid argument error: "] {
         if let Some(rest) = text.strip_prefix(prefix) {
             return rest.to_string();
         }
     }
-    text
+    text.to_string()
 }
 
 #[cfg(test)]

@@ -76,3 +76,12 @@ pub fn numbered(dir: &Path, suffix: &str) -> Result<Vec<u64>> {
     ids.sort_unstable();
     Ok(ids)
 }
+
+/// A file's text, or `None` if it does not exist.
+pub fn read_optional(file: &Path) -> Result<Option<String>> {
+    match fs::read_to_string(file) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(format!("reading {}", file.display()), e)),
+    }
+}

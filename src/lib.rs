@@ -21,8 +21,11 @@
 
 pub mod catalog;
 pub mod checkpoint;
+pub mod clock;
+pub mod config;
 pub mod engine;
 pub mod error;
+pub mod format;
 pub mod fsutil;
 pub mod server;
 pub mod sink;
@@ -30,3 +33,4 @@ pub mod source;
 pub mod sql;
 pub mod state;
 pub mod testing;
+pub mod types;

@@ -24,18 +24,18 @@ use futures::FutureExt;
 use tokio::sync::{Notify, watch};
 
 use crate::catalog::{
-    Catalog, DEFAULT_STATE_PARTITIONS, SinkDef, SinkState, StreamDef, check_watermark,
+    Catalog, DEFAULT_STATE_PARTITIONS, SinkDef, SinkState, StreamDef, StreamSource, check_watermark,
 };
 use crate::error::{Error, Result};
-use crate::sink::delta::{DeltaReadTable, ensure_table};
-use crate::sink::file::{FileSink, SinkFormat};
+use crate::sink::SinkConnector;
+use crate::source::table::TableLog;
 use crate::sql::options::{Trigger, format_duration};
 use crate::sql::parser::{CreateSink, CreateStream, TidemarkStatement, parse_watermark_option};
 use crate::sql::types::arrow_to_sql;
 use aggregate::OutputMode;
 use progress::{QueryStatus, Registry, Status};
 use query::{Outcome, QueryTask, StopReason};
-use tables::{StreamReadTable, SystemTable, queries_batch, queries_schema};
+use tables::{SystemTable, TableStreamTable, queries_batch, queries_schema};
 
 /// What a statement returns.
 #[derive(Debug)]
@@ -62,6 +62,9 @@ pub struct Engine {
     catalog: tokio::sync::Mutex<Catalog>,
     registry: Arc<Registry>,
     running: Mutex<HashMap<String, RunningQuery>>,
+    /// The open logs of table streams, by stream name.
+    logs: Mutex<HashMap<String, Arc<TableLog>>>,
+    clock: Arc<dyn crate::clock::Clock>,
     /// Set when the server shuts down: no query starts after it.
     shutting_down: std::sync::atomic::AtomicBool,
     me: Weak<Engine>,
@@ -89,6 +92,8 @@ impl Engine {
             catalog: tokio::sync::Mutex::new(Catalog::default()),
             registry: registry.clone(),
             running: Mutex::new(HashMap::new()),
+            logs: Mutex::new(HashMap::new()),
+            clock: crate::clock::system(),
             shutting_down: Default::default(),
             me: me.clone(),
         });
@@ -155,11 +160,60 @@ impl Engine {
     }
 
     fn register_stream(&self, s: &StreamDef) -> Result<()> {
-        self.ctx.register_table(
-            TableReference::bare(s.name.clone()),
-            Arc::new(StreamReadTable::new(s.source())),
-        )?;
+        let table: Arc<dyn datafusion::datasource::TableProvider> = match s.source() {
+            StreamSource::File(f) => Arc::new(f.table()),
+            StreamSource::Table(config) => {
+                let log = TableLog::open(&s.name, &self.stream_dir(&s.name), config.clone())?;
+                self.logs
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(s.name.clone(), log.clone());
+                Arc::new(TableStreamTable::new(log))
+            }
+            other => Arc::new(tables::SinkOnlyTable::new(
+                &s.name,
+                other.connector(),
+                s.schema(),
+            )),
+        };
+        self.ctx
+            .register_table(TableReference::bare(s.name.clone()), table)?;
         Ok(())
+    }
+
+    /// The log a `COPY ... FROM STDIN` or `INSERT` writes to: a table stream's.
+    pub fn copy_target(&self, name: &str) -> Result<Arc<TableLog>> {
+        if let Some(log) = self.table_log(name) {
+            return Ok(log);
+        }
+        let exists = self
+            .ctx
+            .table_exist(TableReference::bare(name.to_string()))
+            .unwrap_or(false);
+        Err(if exists {
+            Error::WrongObjectType(format!(
+                "\"{name}\" is not a table stream: only streams fed over the wire \
+                 (connector = 'table') take COPY FROM STDIN"
+            ))
+        } else {
+            Error::UndefinedObject {
+                kind: "relation",
+                name: name.to_string(),
+            }
+        })
+    }
+
+    /// Where a table stream keeps its log.
+    fn stream_dir(&self, name: &str) -> PathBuf {
+        self.data_dir.join("streams").join(name)
+    }
+
+    fn table_log(&self, stream: &str) -> Option<Arc<TableLog>> {
+        self.logs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(stream)
+            .cloned()
     }
 
     /// Makes a sink's output a table: its Delta table, or its committed files. A console
@@ -167,30 +221,26 @@ impl Engine {
     async fn register_sink(&self, s: &SinkDef, cat: &Catalog) -> Result<()> {
         let name = TableReference::bare(s.name.clone());
         self.ctx.deregister_table(name.clone())?;
-        let table: Arc<dyn datafusion::datasource::TableProvider> = match s.connector() {
-            "console" => return Ok(()),
-            "delta" => Arc::new(DeltaReadTable::try_new(&s.path).await?),
-            other => {
-                let format = SinkFormat::from_connector(other)
-                    .ok_or_else(|| Error::Internal(format!("unknown connector {other}")))?;
-                let schema = match cat.stream(&s.stream) {
-                    Some(stream) => {
-                        let mode = OutputMode::parse(&s.output_mode)?;
-                        let wm = query::sink_watermark(s, stream)?;
-                        query::analyze_sink(&s.query, stream, wm, mode)
-                            .await?
-                            .schema
-                    }
-                    None => {
-                        return Err(Error::Internal("sink registered before its stream".into()));
-                    }
-                };
-                Arc::new(StreamReadTable::new(Arc::new(
-                    format.reader(&s.path, schema),
-                )))
-            }
+        let connector = s.connector()?;
+        let schema = match connector {
+            // Only a file sink needs the query's schema to read its files back.
+            SinkConnector::File(_) => match cat.stream(&s.stream) {
+                Some(stream) => {
+                    let mode = OutputMode::parse(&s.output_mode)?;
+                    let wm = query::sink_watermark(s, stream)?;
+                    query::analyze_sink(&s.query, stream, wm, mode)
+                        .await?
+                        .schema
+                }
+                None => {
+                    return Err(Error::Internal("sink registered before its stream".into()));
+                }
+            },
+            _ => Arc::new(Schema::empty()),
         };
-        self.ctx.register_table(name, table)?;
+        if let Some(table) = connector.read_table(&s.path, &schema).await? {
+            self.ctx.register_table(name, table)?;
+        }
         Ok(())
     }
 
@@ -217,6 +267,10 @@ impl Engine {
             TidemarkStatement::StartSink { name } => self.start_sink(&name).await,
             TidemarkStatement::AlterSink { name, options } => self.alter_sink(&name, options).await,
             TidemarkStatement::Flush { sink } => self.flush(sink.as_deref()).await,
+            TidemarkStatement::CopyFrom(c) => Err(Error::unsupported(format!(
+                "COPY {} FROM STDIN needs a client that sends the data (psql's \\copy, a driver)",
+                c.table
+            ))),
         }
     }
 
@@ -277,27 +331,18 @@ impl Engine {
                 "state_partitions",
                 "state_store",
                 "max_files_per_trigger",
+                "max_rows_per_trigger",
             ],
         )?;
-        let connector = cs.options.get("connector").unwrap_or("delta");
-        match connector {
-            "delta" | "parquet" | "json" | "csv" | "console" => {}
-            other => {
-                return Err(Error::Unsupported {
-                    message: format!("sink connector \"{other}\" is not supported yet"),
-                    hint: Some(
-                        "Use connector = 'delta', 'parquet', 'json', 'csv' or 'console'.".into(),
-                    ),
-                });
-            }
-        }
+        let connector = SinkConnector::parse(cs.options.get("connector").unwrap_or("delta"))?;
         let trigger = Trigger::parse(cs.options.get("trigger").unwrap_or("default"))?;
         let mode = OutputMode::parse(cs.options.get("output_mode").unwrap_or("append"))?;
-        if SinkFormat::from_connector(connector).is_some() && mode != OutputMode::Append {
+        if connector.append_only() && mode != OutputMode::Append {
             // Spark: "Data source parquet does not support Update output mode".
             return Err(Error::Unsupported {
                 message: format!(
-                    "a {connector} sink does not support {} output mode",
+                    "a {} sink does not support {} output mode",
+                    connector.name(),
                     mode.as_str()
                 ),
                 hint: Some(
@@ -307,7 +352,7 @@ impl Engine {
                 ),
             });
         }
-        if connector == "console" && cs.options.get("path").is_some() {
+        if !connector.has_path() && cs.options.get("path").is_some() {
             return Err(Error::invalid_option(
                 "a console sink has no path: it logs its rows",
             ));
@@ -389,14 +434,9 @@ impl Engine {
             &def.name,
             &query::checkpoint_definition(&def, stream, &shape),
         )?;
-        match def.connector() {
-            "delta" => ensure_table(&def.path, &def.name, &schema).await?,
-            "console" => {}
-            other => {
-                let format = SinkFormat::from_connector(other).expect("checked by sink_def");
-                FileSink::new(&def.path, format)?;
-            }
-        }
+        def.connector()?
+            .prepare(&def.name, &def.path, &schema)
+            .await?;
         cat.sinks.push(def.clone());
         if let Err(e) = self.register_sink(&def, &cat).await {
             cat.sinks.pop();
@@ -454,6 +494,18 @@ impl Engine {
         cat.save(&self.data_dir)?;
         self.ctx
             .deregister_table(TableReference::bare(name.to_string()))?;
+        let log = self
+            .logs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+        if let Some(log) = log {
+            log.close();
+            let dir = self.stream_dir(name);
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                tracing::warn!(stream = %name, dir = %dir.display(), error = %e, "removing the stream's log");
+            }
+        }
         Ok(Output::Command("DROP STREAM".into()))
     }
 
@@ -480,6 +532,13 @@ impl Engine {
         self.ctx
             .deregister_table(TableReference::bare(name.to_string()))?;
         self.registry.remove(name);
+        // The stream's log no longer keeps rows for this query.
+        if let Some(log) = self.table_log(&def.stream)
+            && let Ok(ck) = crate::checkpoint::Checkpoint::open(&def.checkpoint)
+            && let Err(e) = log.remove_reader(&ck.id.to_string())
+        {
+            tracing::warn!(sink = %name, error = %e, "releasing the stream's log");
+        }
         if def.owns_checkpoint {
             let _ = std::fs::remove_dir_all(&def.checkpoint);
         }
@@ -493,7 +552,7 @@ impl Engine {
         name: &str,
         options: crate::sql::options::Options,
     ) -> Result<Output> {
-        const ALTERABLE: [&str; 2] = ["trigger", "max_files_per_trigger"];
+        const ALTERABLE: [&str; 3] = ["trigger", "max_files_per_trigger", "max_rows_per_trigger"];
         for key in options.0.keys() {
             if ALTERABLE.contains(&key.as_str()) {
                 continue;
@@ -511,7 +570,8 @@ impl Engine {
                 Error::Unsupported {
                     message: format!("option \"{key}\" of a sink cannot be altered"),
                     hint: Some(
-                        "ALTER SINK changes trigger and max_files_per_trigger. For other \
+                        "ALTER SINK changes trigger, max_files_per_trigger and \
+                         max_rows_per_trigger. For other \
                          changes, drop the sink and create it again (with a new \
                          checkpoint_location if its checkpoint cannot serve the new definition)."
                             .into(),
@@ -523,6 +583,7 @@ impl Engine {
         }
         let trigger = options.get("trigger").map(Trigger::parse).transpose()?;
         options.positive_int("max_files_per_trigger")?;
+        options.positive_int("max_rows_per_trigger")?;
         let was_running = {
             let cat = self.catalog.lock().await;
             if cat.sink(name).is_none() {
@@ -617,6 +678,8 @@ impl Engine {
             registry: self.registry.clone(),
             stop: stop_rx,
             wake: wake.clone(),
+            table_log: self.table_log(&def.stream),
+            clock: self.clock.clone(),
         };
         let engine = self.me.clone();
         let name = def.name.clone();
@@ -827,12 +890,19 @@ impl Engine {
         let mut rows: Vec<[Option<String>; 6]> = Vec::new();
         let mut mfpt = Vec::new();
         for s in &cat.streams {
-            let src = s.source();
+            let (format, path, limit) = match s.source() {
+                StreamSource::File(f) => (
+                    Some(f.decoder.format.name().to_string()),
+                    Some(f.path.display().to_string()),
+                    f.max_files_per_trigger,
+                ),
+                _ => (None, None, None),
+            };
             rows.push([
                 Some(s.name.clone()),
-                Some("file".into()),
-                Some(src.format.name().into()),
-                Some(src.path.display().to_string()),
+                Some(s.source().connector().into()),
+                format,
+                path,
                 Some(
                     s.columns
                         .iter()
@@ -844,7 +914,7 @@ impl Engine {
                     .as_ref()
                     .map(|w| format!("{} - {}", w.column, format_duration(w.delay()))),
             ]);
-            mfpt.push(src.max_files_per_trigger.map(|n| n as i64));
+            mfpt.push(limit.map(|n| n as i64));
         }
         let mut cols = string_columns(&rows);
         cols.push(Arc::new(Int64Array::from(mfpt)));
@@ -869,7 +939,7 @@ impl Engine {
                 [
                     Some(s.name.clone()),
                     Some(s.stream.clone()),
-                    Some(s.connector().to_string()),
+                    Some(s.options.get("connector").unwrap_or("delta").to_string()),
                     Some(s.path.display().to_string()),
                     Some(s.trigger.to_string()),
                     Some(s.output_mode.clone()),
@@ -902,8 +972,8 @@ fn streams_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
         Field::new("name", DataType::Utf8, false),
         Field::new("connector", DataType::Utf8, false),
-        Field::new("format", DataType::Utf8, false),
-        Field::new("path", DataType::Utf8, false),
+        Field::new("format", DataType::Utf8, true),
+        Field::new("path", DataType::Utf8, true),
         Field::new("columns", DataType::Utf8, false),
         Field::new("watermark", DataType::Utf8, true),
         Field::new("max_files_per_trigger", DataType::Int64, true),

@@ -11,7 +11,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 use uuid::Uuid;
 
-use crate::checkpoint::BatchId;
+use crate::types::BatchId;
 
 /// How many progress reports are kept per query.
 pub const RECENT_PROGRESS: usize = 100;

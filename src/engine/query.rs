@@ -28,20 +28,19 @@ use super::progress::{
     EventTimeProgress, Progress, Registry, SinkProgress, SourceProgress, StateOperatorProgress,
     Status, round_rate,
 };
-use crate::catalog::{SinkDef, StreamDef};
-use crate::checkpoint::{
-    BatchId, Checkpoint, CheckpointDefinition, CommitEntry, OffsetMetadata, OffsetSeq,
-};
+use crate::catalog::{SinkDef, StreamDef, StreamSource};
+use crate::checkpoint::{Checkpoint, CheckpointDefinition, CommitEntry, OffsetMetadata, OffsetSeq};
+pub use crate::config::{POLL_INTERVAL, parallelism};
 use crate::error::{Error, Result};
-use crate::sink::delta::{DeltaSink, SinkCommit, WriteMode};
-use crate::sink::file::{FileSink, SinkFormat};
-use crate::source::file::{FileSourceConfig, ListedFile};
+use crate::sink::{Sink, SinkCommit, SinkConnector, WriteMode};
+use crate::source::file::FileSource;
+use crate::source::rate::{RateMicroBatchSource, RateSource};
+use crate::source::table::{TableLog, TableSource};
+use crate::source::{Offset, ReadLimit, Source};
 use crate::sql::options::Trigger;
 use crate::sql::parser::{WatermarkSpec, parse_watermark_option};
 use crate::state::StateMetrics;
-
-/// How often the default trigger looks for new files when idle.
-pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
+use crate::types::BatchId;
 
 /// Why a query was asked to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,13 +68,10 @@ pub struct QueryTask {
     pub stop: watch::Receiver<Option<StopReason>>,
     /// Notified by `FLUSH` to run a trigger now.
     pub wake: Arc<Notify>,
-}
-
-/// The number of threads a batch uses to read files and execute.
-pub fn parallelism() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(2)
+    /// The log of the stream, if it is a table stream.
+    pub table_log: Option<Arc<TableLog>>,
+    /// Wall time, for sources that read it (`rate`).
+    pub clock: Arc<dyn crate::clock::Clock>,
 }
 
 fn query_context() -> SessionContext {
@@ -121,8 +117,6 @@ pub fn checkpoint_definition(
     stream: &StreamDef,
     shape: &SinkShape,
 ) -> CheckpointDefinition {
-    let src = stream.source();
-    let format = src.format.name();
     let (group_keys, aggregates) = match &shape.aggregate {
         Some(a) => (
             a.group_names.clone(),
@@ -134,7 +128,10 @@ pub fn checkpoint_definition(
         None => (vec![], vec![]),
     };
     CheckpointDefinition {
-        source: format!("file:{} ({format})", src.path.display()),
+        source: match stream.source() {
+            StreamSource::File(f) => f.identity(),
+            other => format!("{}:{}", other.connector(), stream.name),
+        },
         group_keys,
         aggregates,
         watermark_column: shape.watermark.as_ref().map(|w| w.column.clone()),
@@ -208,15 +205,11 @@ pub async fn explain(def: &SinkDef, stream: &StreamDef, shape: &SinkShape) -> Re
         Arc::new(MemTable::try_new(stream.schema(), vec![vec![]])?),
     )?;
     let plan = ctx.sql(&shape.sql).await?.into_unoptimized_plan();
-    let write = match shape.write_mode() {
-        WriteMode::Append => "append".to_string(),
-        WriteMode::Overwrite => "overwrite".to_string(),
-        WriteMode::Merge { keys } => format!("merge on ({})", keys.join(", ")),
-    };
-    let sink = match def.connector() {
-        "delta" => "DeltaSink".to_string(),
-        "console" => "ConsoleSink".to_string(),
-        other => format!("FileSink[{other}]"),
+    let write = shape.write_mode().describe();
+    let sink = match def.connector()? {
+        SinkConnector::Delta => "DeltaSink".to_string(),
+        SinkConnector::Console => "ConsoleSink".to_string(),
+        SinkConnector::File(f) => format!("FileSink[{}]", f.name()),
     };
     let mut lines = vec![format!(
         "{sink}: path={} output_mode={} trigger={} write={write}",
@@ -309,15 +302,32 @@ pub async fn explain(def: &SinkDef, stream: &StreamDef, shape: &SinkShape) -> Re
             }
         }
     }
-    let src = stream.source();
-    lines.push(format!(
-        "  Source: FileStreamSource[{}] format={}{}",
-        src.path.display(),
-        src.format.name(),
-        src.max_files_per_trigger
-            .map(|n| format!(" max_files_per_trigger={n}"))
-            .unwrap_or_default()
-    ));
+    lines.push(match stream.source() {
+        StreamSource::File(src) => format!(
+            "  Source: FileStreamSource[{}] format={}{}",
+            src.path.display(),
+            src.decoder.format.name(),
+            src.max_files_per_trigger
+                .map(|n| format!(" max_files_per_trigger={n}"))
+                .unwrap_or_default()
+        ),
+        StreamSource::Table(t) => format!(
+            "  Source: TableStreamSource[{}]{}",
+            stream.name,
+            t.max_rows_per_trigger
+                .map(|n| format!(" max_rows_per_trigger={n}"))
+                .unwrap_or_default()
+        ),
+        StreamSource::Rate(r) => format!(
+            "  Source: RateStream[rows_per_second={}, ramp_up_time={}s, num_partitions={}]",
+            r.rows_per_second, r.ramp_up_secs, r.num_partitions
+        ),
+        StreamSource::RateMicroBatch(r) => format!(
+            "  Source: RatePerMicroBatchStream[rows_per_batch={}, num_partitions={}, \
+             start_timestamp={}, advance_millis_per_batch={}]",
+            r.rows_per_batch, r.num_partitions, r.start_timestamp_ms, r.advance_ms_per_batch
+        ),
+    });
     Ok(lines)
 }
 
@@ -364,35 +374,25 @@ fn check_shape(plan: &LogicalPlan) -> Result<()> {
 struct PlannedBatch {
     id: BatchId,
     /// The source's end offset of the previous batch (exclusive start), if any.
-    start: Option<u64>,
-    /// This batch's end offset: the newest file-source log entry it reads.
-    end: u64,
+    start: Option<Offset>,
+    /// This batch's end offset.
+    end: Offset,
     /// `WM(N)`: closes windows and evicts state (spec §2.4).
     watermark_ms: i64,
     /// `WM(N-1)`: judges late rows.
     late_watermark_ms: i64,
 }
 
-fn log_offset(seq: &OffsetSeq) -> Result<Option<u64>> {
-    match seq.offsets.first() {
-        None | Some(None) => Ok(None),
-        Some(Some(v)) => v
-            .get("logOffset")
-            .and_then(|o| o.as_u64())
-            .map(Some)
-            .ok_or_else(|| Error::Internal(format!("unexpected source offset {v}"))),
-    }
-}
-
-fn offset_json(o: Option<u64>) -> Option<serde_json::Value> {
-    o.map(|k| serde_json::json!({ "logOffset": k }))
+/// The first source's offset in an `offsets/N` entry.
+fn source_offset(seq: &OffsetSeq) -> Option<Offset> {
+    seq.offsets.first().cloned().flatten()
 }
 
 /// Where a query resumes, from its checkpoint (spec §1.5).
 struct Resume {
     next_batch: BatchId,
     /// End offset of the last committed batch.
-    committed_end: Option<u64>,
+    committed_end: Option<Offset>,
     /// An uncommitted batch to replay first.
     pending: Option<PlannedBatch>,
     /// The global watermark to continue from, and the last batch's `WM(N)`.
@@ -410,7 +410,7 @@ fn resume(ckpt: &Checkpoint) -> Result<Resume> {
             last_batch_watermark_ms: 0,
         });
     };
-    let end = log_offset(&seq)?;
+    let end = source_offset(&seq);
     let commit = ckpt.latest_commit()?;
     if let Some((c, entry)) = &commit
         && *c == last
@@ -438,13 +438,13 @@ fn resume(ckpt: &Checkpoint) -> Result<Resume> {
         let prev = ckpt
             .offsets(last - 1)?
             .ok_or_else(|| Error::Internal(format!("batch {} doesn't exist", last - 1)))?;
-        (log_offset(&prev)?, prev.metadata.batch_watermark_ms)
+        (source_offset(&prev), prev.metadata.batch_watermark_ms)
     };
     let end = end.ok_or_else(|| Error::Internal(format!("offsets/{last} has no source offset")))?;
     let wm = seq.metadata.batch_watermark_ms;
     Ok(Resume {
         next_batch: last,
-        committed_end: start,
+        committed_end: start.clone(),
         pending: Some(PlannedBatch {
             id: last,
             start,
@@ -474,20 +474,12 @@ pub async fn run(task: QueryTask) -> Outcome {
     }
 }
 
-/// Where a sink's batches go.
-enum Sink {
-    Delta(DeltaSink),
-    File(FileSink),
-    /// Logs every batch's rows (at-least-once: a replayed batch is logged again).
-    Console,
-}
-
 struct Runner {
     def: SinkDef,
-    source: Arc<FileSourceConfig>,
+    source: Box<dyn Source>,
     stream_name: String,
     ckpt: Checkpoint,
-    sink: Sink,
+    sink: Box<dyn Sink>,
     shape: SinkShape,
     write_mode: WriteMode,
     operator: Option<AggregateOperator>,
@@ -500,8 +492,6 @@ struct Runner {
 #[derive(Default)]
 struct BatchStats {
     rows_in: u64,
-    malformed_rows: u64,
-    missing_files: u64,
     rows_out: u64,
     event_time: EventTimeStats,
     state: Option<(StateMetrics, AggregateBatch)>,
@@ -512,15 +502,44 @@ fn delay_ms(wm: &WatermarkSpec) -> i64 {
     (wm.delay_us / 1000) as i64
 }
 
+/// Opens the source a query reads: its stream's connector, with the sink's rate limit.
+fn open_source(task: &QueryTask, ckpt: &Checkpoint) -> Result<Box<dyn Source>> {
+    let def = &task.def;
+    Ok(match task.stream.source() {
+        StreamSource::File(config) => {
+            let mut config = config.clone();
+            // A sink's max_files_per_trigger overrides its stream's.
+            if let Some(n) = def.options.positive_int("max_files_per_trigger")? {
+                let mut c = (*config).clone();
+                c.max_files_per_trigger = Some(n);
+                config = Arc::new(c);
+            }
+            Box::new(FileSource::open(config, ckpt.source_dir(0))?)
+        }
+        StreamSource::Table(_) => {
+            let log = task.table_log.clone().ok_or_else(|| {
+                Error::Internal(format!(
+                    "the log of stream \"{}\" is not open",
+                    task.stream.name
+                ))
+            })?;
+            Box::new(TableSource::new(
+                log,
+                &ckpt.id.to_string(),
+                def.options.positive_int("max_rows_per_trigger")?,
+            )?)
+        }
+        StreamSource::Rate(config) => Box::new(RateSource::open(
+            config.clone(),
+            ckpt.source_dir(0),
+            task.clock.clone(),
+        )?),
+        StreamSource::RateMicroBatch(config) => Box::new(RateMicroBatchSource::new(config.clone())),
+    })
+}
+
 async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
     let def = task.def.clone();
-    let mut source = task.stream.source();
-    // A sink's max_files_per_trigger overrides its stream's.
-    if let Some(n) = def.options.positive_int("max_files_per_trigger")? {
-        let mut s = (*source).clone();
-        s.max_files_per_trigger = Some(n);
-        source = Arc::new(s);
-    }
     let ckpt = Checkpoint::open(&def.checkpoint)?;
     let run_id = Uuid::new_v4();
     task.registry.update(&def.name, |s| {
@@ -537,19 +556,11 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         &def.name,
         &checkpoint_definition(&def, &task.stream, &shape),
     )?;
-    let sink = match def.connector() {
-        "delta" => {
-            let sink = DeltaSink::new(&def.path)?;
-            sink.ensure_table(&def.name, &shape.schema).await?;
-            Sink::Delta(sink)
-        }
-        "console" => Sink::Console,
-        other => Sink::File(FileSink::new(
-            &def.path,
-            SinkFormat::from_connector(other)
-                .ok_or_else(|| Error::Internal(format!("unknown sink connector {other}")))?,
-        )?),
-    };
+    let sink = def
+        .connector()?
+        .open(&def.name, &def.path, &shape.schema)
+        .await?;
+    let mut source = open_source(&task, &ckpt)?;
     let Resume {
         mut next_batch,
         mut committed_end,
@@ -576,8 +587,18 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
             Some(op)
         }
     };
-    let runner = Runner {
-        source: source.clone(),
+    let trigger = match def.trigger {
+        // Spark runs available_now as once over a source that cannot fix an end.
+        Trigger::AvailableNow if !source.supports_available_now() => Trigger::Once,
+        t => t,
+    };
+    // available_now fixes what this run reads when it starts (spec §6.3).
+    if trigger == Trigger::AvailableNow {
+        source.prepare_available_now().await?;
+    }
+    let mut arrivals = source.arrivals();
+    let mut runner = Runner {
+        source,
         stream_name: task.stream.name.clone(),
         ckpt,
         sink,
@@ -588,21 +609,6 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         registry: task.registry.clone(),
         run_id,
         def,
-    };
-    let mut runner = runner;
-    let log = runner.ckpt.source_log(0);
-    let mut last_log = log.latest()?;
-    let mut seen: HashSet<String> = HashSet::new();
-    if let Some(latest) = last_log {
-        for k in 0..=latest {
-            seen.extend(log.entry(k)?.into_iter().map(|e| e.path));
-        }
-    }
-    let trigger = runner.def.trigger;
-    // available_now fixes what this run reads when it starts (spec §6.3).
-    let fixed: Option<Vec<ListedFile>> = match trigger {
-        Trigger::AvailableNow => Some(source.list()?),
-        _ => None,
     };
     let wants_no_data = runner
         .operator
@@ -616,6 +622,10 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         wants_no_data && pending.is_none() && next_batch > 0 && global_wm > last_batch_wm;
     let mut prev_trigger_start: Option<Instant> = None;
     let mut trigger_no: u64 = 0;
+    let limit = match trigger {
+        Trigger::Once => ReadLimit::AllAvailable,
+        _ => ReadLimit::Default,
+    };
     loop {
         if let Some(reason) = *task.stop.borrow() {
             return Ok(Outcome::Stopped(reason));
@@ -626,6 +636,10 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         runner
             .registry
             .update(&runner.def.name, |s| s.triggers = trigger_no);
+        // Arrivals from now on wake the next wait.
+        if let Some(a) = arrivals.as_mut() {
+            a.borrow_and_update();
+        }
         let deadline = match trigger {
             Trigger::ProcessingTime(d) => {
                 let now_ms = trigger_wall.timestamp_millis() as u128;
@@ -640,37 +654,13 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
             Some(p) => Some(p),
             None => {
                 let t = Instant::now();
-                // A source-log entry that no batch covers yet (written just before a crash
-                // that came before its offsets entry) is the next batch by itself, so a
-                // restart plans the same batches as an uninterrupted run.
-                let unplanned = last_log.is_some() && last_log > committed_end;
-                let listed = match &fixed {
-                    _ if unplanned => vec![],
-                    Some(f) => f.clone(),
-                    None => source.list()?,
-                };
-                let limit = match trigger {
-                    Trigger::Once => usize::MAX,
-                    _ => source
-                        .max_files_per_trigger
-                        .map(|n| n as usize)
-                        .unwrap_or(usize::MAX),
-                };
-                let new: Vec<ListedFile> = listed
-                    .into_iter()
-                    .filter(|f| !seen.contains(&f.path))
-                    .take(limit)
-                    .collect();
-                if !new.is_empty() {
-                    let k = last_log.map_or(0, |k| k + 1);
-                    log.write(k, &new)?;
-                    crate::testing::crash_point("after_source_log_write");
-                    seen.extend(new.into_iter().map(|f| f.path));
-                    last_log = Some(k);
-                }
+                let latest = runner
+                    .source
+                    .latest_offset(committed_end.as_ref(), limit)
+                    .await?;
                 durations.insert("latestOffset".into(), t.elapsed().as_millis() as u64);
-                let has_data = last_log.is_some() && last_log != committed_end;
-                match last_log {
+                let has_data = latest.is_some() && latest != committed_end;
+                match latest {
                     Some(end) if has_data || no_data_due => {
                         let t = Instant::now();
                         let seq = OffsetSeq {
@@ -688,7 +678,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                                     ),
                                 ]),
                             },
-                            offsets: vec![offset_json(Some(end))],
+                            offsets: vec![Some(end.clone())],
                         };
                         runner.ckpt.write_offsets(next_batch, &seq)?;
                         crate::testing::crash_point("after_offsets_write");
@@ -696,7 +686,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                         durations.insert("walCommit".into(), t.elapsed().as_millis() as u64);
                         Some(PlannedBatch {
                             id: next_batch,
-                            start: committed_end,
+                            start: committed_end.clone(),
                             end,
                             watermark_ms: global_wm,
                             late_watermark_ms: last_batch_wm,
@@ -716,10 +706,10 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                     return Ok(Outcome::Finished);
                 }
                 let wait_until = deadline.unwrap_or(trigger_start + POLL_INTERVAL);
-                wait(&mut task.stop, &task.wake, wait_until).await;
+                wait(&mut task.stop, &task.wake, arrivals.as_mut(), wait_until).await;
             }
             Some(b) => {
-                let stats = runner.run_batch(&b, &log, &mut durations).await?;
+                let stats = runner.run_batch(&b, &mut durations).await?;
                 // The watermark moves at the end of the batch (spec §2.2).
                 if let Some(wm) = &runner.shape.watermark
                     && stats.event_time.count > 0
@@ -736,6 +726,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                 )?;
                 durations.insert("commitOffsets".into(), t.elapsed().as_millis() as u64);
                 crate::testing::crash_point("after_commit_log");
+                runner.source.commit(&b.end).await?;
                 if let Some(op) = runner.operator.as_mut() {
                     op.maintain()?;
                 }
@@ -750,7 +741,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                     durations,
                 );
                 prev_trigger_start = Some(trigger_start);
-                committed_end = Some(b.end);
+                committed_end = Some(b.end.clone());
                 next_batch = b.id + 1;
                 last_batch_wm = b.watermark_ms;
                 no_data_due = wants_no_data && global_wm > b.watermark_ms;
@@ -758,7 +749,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                     return Ok(Outcome::Finished);
                 }
                 if let Some(d) = deadline {
-                    wait(&mut task.stop, &task.wake, d).await;
+                    wait(&mut task.stop, &task.wake, None, d).await;
                 }
             }
         }
@@ -778,47 +769,53 @@ async fn stateless_schema(ctx: &SessionContext, sql: &str, stream: &StreamDef) -
     Ok(pre.schema().as_arrow().clone())
 }
 
-/// Sleeps until `until`, or until a stop request or a `FLUSH` wake-up.
-async fn wait(stop: &mut watch::Receiver<Option<StopReason>>, wake: &Notify, until: Instant) {
+/// Sleeps until `until`, or until a stop request, a `FLUSH` wake-up or new data.
+async fn wait(
+    stop: &mut watch::Receiver<Option<StopReason>>,
+    wake: &Notify,
+    arrivals: Option<&mut watch::Receiver<u64>>,
+    until: Instant,
+) {
     if stop.borrow().is_some() {
         return;
     }
+    let arrived = async {
+        match arrivals {
+            Some(a) => {
+                if a.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
     tokio::select! {
         _ = tokio::time::sleep_until(until.into()) => {}
         _ = wake.notified() => {}
         _ = stop.changed() => {}
+        _ = arrived => {}
     }
 }
 
 impl Runner {
-    /// Reads the batch's files, runs the query, commits state and sink.
+    /// Reads the batch's rows, runs the query, commits state and sink.
     async fn run_batch(
         &mut self,
         b: &PlannedBatch,
-        log: &crate::checkpoint::FileSourceLog,
         durations: &mut BTreeMap<String, u64>,
     ) -> Result<BatchStats> {
         let mut stats = BatchStats::default();
         let t = Instant::now();
-        let first = b.start.map_or(0, |s| s + 1);
-        let mut files = Vec::new();
-        if b.start != Some(b.end) {
-            for k in first..=b.end {
-                files.extend(log.entry(k)?);
-            }
+        let mut rows = self.source.read(b.start.as_ref(), &b.end).await?;
+        let mut input = Vec::new();
+        while let Some(batch) = rows.next().await {
+            input.push(batch?);
         }
-        let BatchInput {
-            batches: input,
-            malformed,
-            missing_files,
-        } = read_files(&self.source, files.iter().map(|f| f.path.clone()).collect()).await?;
-        stats.malformed_rows = malformed;
-        stats.missing_files = missing_files;
         stats.rows_in = input.iter().map(|b| b.num_rows() as u64).sum();
         durations.insert("getBatch".into(), t.elapsed().as_millis() as u64);
 
         let t = Instant::now();
-        let table = MemTable::try_new(self.source.schema.clone(), partition(input, parallelism()))?;
+        let table = MemTable::try_new(self.source.schema(), partition(input, parallelism()))?;
         let name = datafusion::common::TableReference::bare(self.stream_name.clone());
         self.ctx.deregister_table(name.clone())?;
         self.ctx.register_table(name, Arc::new(table))?;
@@ -865,22 +862,12 @@ impl Runner {
         stats.rows_out = out.iter().map(|b| b.num_rows() as u64).sum();
         crate::testing::crash_point("before_sink_commit");
         crate::testing::fail_point(&format!("sink_write:{}", self.def.name))?;
-        let app_id = self.ckpt.id.to_string();
-        let committed = match &self.sink {
-            Sink::Delta(sink) => {
-                sink.add_batch(&app_id, b.id, out, &self.shape.schema, &self.write_mode)
-                    .await?
-            }
-            Sink::File(sink) => sink.add_batch(b.id, out, &self.shape.schema)?,
-            Sink::Console => {
-                let text = datafusion::arrow::util::pretty::pretty_format_batches(&out)?;
-                tracing::info!(sink = %self.def.name, batch = b.id, "console sink\n{text}");
-                SinkCommit::Committed {
-                    version: b.id as i64,
-                }
-            }
-        };
-        match committed {
+        let query_id = self.ckpt.id.to_string();
+        match self
+            .sink
+            .add_batch(&query_id, b.id, out, &self.write_mode)
+            .await?
+        {
             SinkCommit::Committed { version } => {
                 tracing::debug!(sink = %self.def.name, batch = b.id, version, "delta commit");
             }
@@ -961,34 +948,17 @@ impl Runner {
             event_time,
             state_operators,
             sources: vec![SourceProgress {
-                description: format!("FileStreamSource[file:{}]", self.source.path.display()),
-                start_offset: offset_json(b.start),
-                end_offset: offset_json(Some(b.end)),
+                description: self.source.describe(),
+                start_offset: b.start.clone(),
+                end_offset: Some(b.end.clone()),
                 latest_offset: None,
                 num_input_rows: rows_in,
                 input_rows_per_second: input_rate,
                 processed_rows_per_second: processed,
-                metrics: BTreeMap::from([
-                    (
-                        "numMalformedRows".to_string(),
-                        stats.malformed_rows.to_string(),
-                    ),
-                    (
-                        "numMissingFiles".to_string(),
-                        stats.missing_files.to_string(),
-                    ),
-                ]),
+                metrics: self.source.metrics(),
             }],
             sink: SinkProgress {
-                description: match &self.sink {
-                    Sink::Delta(_) => format!("DeltaSink[{}]", self.def.path.display()),
-                    Sink::File(_) => format!(
-                        "FileSink[{}, {}]",
-                        self.def.connector(),
-                        self.def.path.display()
-                    ),
-                    Sink::Console => "ConsoleSink".into(),
-                },
+                description: self.sink.describe(),
                 num_output_rows: stats.rows_out as i64,
             },
         };
@@ -1006,38 +976,6 @@ impl Runner {
         });
         self.registry.push_progress(progress);
     }
-}
-
-/// A batch's input rows, and what reading its files counted.
-#[derive(Default)]
-struct BatchInput {
-    batches: Vec<RecordBatch>,
-    malformed: u64,
-    missing_files: u64,
-}
-
-/// Reads files in parallel, keeping their order.
-async fn read_files(source: &Arc<FileSourceConfig>, paths: Vec<String>) -> Result<BatchInput> {
-    let reads = futures::stream::iter(paths.into_iter().map(|p| {
-        let source = source.clone();
-        tokio::task::spawn_blocking(move || {
-            let f = ListedFile {
-                path: p,
-                timestamp: 0,
-            };
-            source.read(&f.local_path())
-        })
-    }))
-    .buffered(parallelism());
-    let results: Vec<_> = reads.collect().await;
-    let mut out = BatchInput::default();
-    for r in results {
-        let read = r.map_err(|e| Error::Internal(format!("file reader panicked: {e}")))??;
-        out.batches.extend(read.batches);
-        out.malformed += read.malformed;
-        out.missing_files += u64::from(read.missing);
-    }
-    Ok(out)
 }
 
 /// Deals batches round-robin into `n` partitions for parallel execution.

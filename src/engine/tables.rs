@@ -1,5 +1,6 @@
-//! DataFusion tables that Tidemark registers: streams (a batch read of the files landed so
-//! far) and the system tables `tidemark.queries` and `tidemark.progress`.
+//! DataFusion tables that Tidemark registers: table streams (read and `INSERT`), and the
+//! system tables `tidemark.queries` and `tidemark.progress`. (A file stream's table is
+//! [`crate::format::FilesTable`].)
 
 use std::sync::Arc;
 
@@ -10,31 +11,45 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use datafusion::catalog::Session;
 use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::datasource::sink::{DataSink, DataSinkExec};
 use datafusion::datasource::{TableProvider, TableType};
 use datafusion::error::DataFusionError;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::Expr;
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::logical_expr::dml::InsertOp;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
 
 use super::progress::{Progress, QueryStatus, Registry, StateOperatorProgress};
 use crate::error::Error;
-use crate::source::file::FileSourceConfig;
+use crate::source::table::TableLog;
 
-/// A stream queried as a table: everything landed in its directory right now.
+/// A table stream (`connector = 'table'`) as a table: `SELECT` reads every retained row,
+/// `INSERT` appends a statement's rows to the log, durably and atomically.
 #[derive(Debug)]
-pub struct StreamReadTable {
-    source: Arc<FileSourceConfig>,
+pub struct TableStreamTable {
+    log: Arc<TableLog>,
+    /// The declared schema with every field nullable: NOT NULL is checked by the append
+    /// itself, so the error names the column and the relation as Postgres does.
+    schema: SchemaRef,
 }
 
-impl StreamReadTable {
-    pub fn new(source: Arc<FileSourceConfig>) -> StreamReadTable {
-        StreamReadTable { source }
+impl TableStreamTable {
+    pub fn new(log: Arc<TableLog>) -> TableStreamTable {
+        let schema = Arc::new(Schema::new(
+            log.schema()
+                .fields()
+                .iter()
+                .map(|f| f.as_ref().clone().with_nullable(true))
+                .collect::<Vec<_>>(),
+        ));
+        TableStreamTable { log, schema }
     }
 }
 
 #[async_trait]
-impl TableProvider for StreamReadTable {
+impl TableProvider for TableStreamTable {
     fn schema(&self) -> SchemaRef {
-        self.source.schema.clone()
+        self.schema.clone()
     }
 
     fn table_type(&self) -> TableType {
@@ -48,25 +63,142 @@ impl TableProvider for StreamReadTable {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
-        let source = self.source.clone();
-        let batches =
-            tokio::task::spawn_blocking(move || -> crate::error::Result<Vec<RecordBatch>> {
-                let mut out = Vec::new();
-                for f in source.list()? {
-                    out.extend(source.read(&f.local_path())?.batches);
-                }
-                Ok(out)
-            })
+        let batches = self
+            .log
+            .read_all()
             .await
             .map_err(|e| DataFusionError::External(Box::new(e)))?
-            .map_err(|e: Error| DataFusionError::External(Box::new(e)))?;
-        let exec = MemorySourceConfig::try_new_exec(
-            &[batches],
-            self.source.schema.clone(),
-            projection.cloned(),
-        )?;
+            .into_iter()
+            .map(|b| RecordBatch::try_new(self.schema.clone(), b.columns().to_vec()))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let exec =
+            MemorySourceConfig::try_new_exec(&[batches], self.schema.clone(), projection.cloned())?;
         Ok(exec)
     }
+
+    async fn insert_into(
+        &self,
+        _state: &dyn Session,
+        input: Arc<dyn ExecutionPlan>,
+        op: InsertOp,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        if op != InsertOp::Append {
+            return Err(DataFusionError::NotImplemented(format!(
+                "{op} on a stream: a stream only appends"
+            )));
+        }
+        Ok(Arc::new(DataSinkExec::new(
+            input,
+            Arc::new(LogAppend {
+                log: self.log.clone(),
+                schema: self.schema.clone(),
+            }),
+            None,
+        )))
+    }
+}
+
+/// A stream only a sink can read (a rate source: its rows exist only batch by batch).
+#[derive(Debug)]
+pub struct SinkOnlyTable {
+    name: String,
+    connector: &'static str,
+    schema: SchemaRef,
+}
+
+impl SinkOnlyTable {
+    pub fn new(name: &str, connector: &'static str, schema: SchemaRef) -> SinkOnlyTable {
+        SinkOnlyTable {
+            name: name.to_string(),
+            connector,
+            schema,
+        }
+    }
+}
+
+#[async_trait]
+impl TableProvider for SinkOnlyTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        _projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        Err(DataFusionError::External(Box::new(Error::Unsupported {
+            message: format!(
+                "stream \"{}\" ({} source) can only be read by a sink",
+                self.name, self.connector
+            ),
+            hint: Some("Create a sink over it and query the sink.".into()),
+        })))
+    }
+}
+
+/// The write side of a table stream: one statement's rows, all or none.
+#[derive(Debug)]
+struct LogAppend {
+    log: Arc<TableLog>,
+    /// What DataFusion hands in: every field nullable.
+    schema: SchemaRef,
+}
+
+impl DisplayAs for LogAppend {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "StreamLogAppend")
+    }
+}
+
+#[async_trait]
+impl DataSink for LogAppend {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    async fn write_all(
+        &self,
+        mut data: SendableRecordBatchStream,
+        _context: &Arc<TaskContext>,
+    ) -> datafusion::error::Result<u64> {
+        use futures::StreamExt;
+        // The whole statement first: a bad row anywhere appends nothing.
+        let declared = self.log.schema();
+        let mut batches = Vec::new();
+        while let Some(b) = data.next().await {
+            let b = b?;
+            check_not_null(&declared, &b, self.log.name())
+                .map_err(|e| DataFusionError::External(Box::new(e)))?;
+            batches.push(RecordBatch::try_new(
+                declared.clone(),
+                b.columns().to_vec(),
+            )?);
+        }
+        self.log
+            .append(batches)
+            .await
+            .map_err(|e| DataFusionError::External(Box::new(e)))
+    }
+}
+
+/// 23502 for a NULL in a NOT NULL column, in Postgres's words.
+pub fn check_not_null(schema: &SchemaRef, b: &RecordBatch, relation: &str) -> Result<(), Error> {
+    for (f, c) in schema.fields().iter().zip(b.columns()) {
+        if !f.is_nullable() && c.null_count() > 0 {
+            return Err(Error::NotNullViolation {
+                column: f.name().clone(),
+                relation: relation.to_string(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// A table computed from the registry at every scan.

@@ -36,6 +36,8 @@ use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::PgWireBackendMessage;
 use tokio::net::TcpListener;
 
+mod copy;
+
 use crate::engine::{Engine, Output};
 use crate::error::{Error, classify_datafusion, parser_message, strip_datafusion_prefix};
 use crate::sql::{Piece, parse_tidemark, split};
@@ -152,6 +154,10 @@ impl PgWireServerHandlers for Handlers {
     fn cancel_handler(&self) -> Arc<impl CancelHandler> {
         self.cancel.clone()
     }
+
+    fn copy_handler(&self) -> Arc<impl pgwire::api::copy::CopyHandler> {
+        self.service.clone()
+    }
 }
 
 /// Turns a Tidemark error into the wire's ErrorResponse.
@@ -220,8 +226,16 @@ async fn encode_output(engine: &Engine, output: Output, format: &Format) -> PgWi
 }
 
 impl TidemarkService {
-    async fn run_tidemark(&self, text: &str, format: &Format) -> PgWireResult<Response> {
+    async fn run_tidemark<C: ClientInfo>(
+        &self,
+        client: &C,
+        text: &str,
+        format: &Format,
+    ) -> PgWireResult<Response> {
         let stmt = parse_tidemark(text).map_err(|e| to_pg_error(&e))?;
+        if let crate::sql::TidemarkStatement::CopyFrom(c) = stmt {
+            return copy::start(&self.engine, client, c);
+        }
         let output = self
             .engine
             .execute(stmt)
@@ -251,7 +265,7 @@ impl SimpleQueryHandler for TidemarkService {
         for piece in pieces {
             let outcome = match &piece {
                 Piece::Tidemark(text) => self
-                    .run_tidemark(text, &Format::UnifiedText)
+                    .run_tidemark(client, text, &Format::UnifiedText)
                     .await
                     .map(|r| vec![r]),
                 Piece::Other(text) => {
@@ -371,7 +385,9 @@ impl ExtendedQueryHandler for TidemarkService {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         if let Some(text) = tidemark_text(&portal.statement.statement) {
-            return self.run_tidemark(text, &portal.result_column_format).await;
+            return self
+                .run_tidemark(client, text, &portal.result_column_format)
+                .await;
         }
         ExtendedQueryHandler::do_query(self.inner.as_ref(), client, portal, max_rows)
             .await

@@ -27,45 +27,18 @@ use deltalake::writer::{DeltaWriter, RecordBatchWriter};
 use tokio::sync::Mutex;
 use url::Url;
 
-use crate::checkpoint::BatchId;
+use super::{Sink, SinkCommit, WriteMode};
 use crate::error::{Error, Result};
+use crate::types::BatchId;
 
 /// A Delta table that a streaming query appends to.
 pub struct DeltaSink {
     path: PathBuf,
     url: Url,
+    /// The rows' schema.
+    schema: SchemaRef,
     /// The table as of our last commit; this sink is the table's only streaming writer.
     table: Mutex<Option<DeltaTable>>,
-}
-
-/// How a batch's rows go into the table.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WriteMode {
-    /// Add the rows (append mode).
-    Append,
-    /// Replace the table's rows with these (complete mode).
-    Overwrite,
-    /// Upsert by these key columns (update mode): a MERGE in the same transaction.
-    Merge { keys: Vec<String> },
-}
-
-impl WriteMode {
-    fn spark_name(&self) -> &'static str {
-        match self {
-            WriteMode::Append => "Append",
-            WriteMode::Overwrite => "Complete",
-            WriteMode::Merge { .. } => "Update",
-        }
-    }
-}
-
-/// What [`DeltaSink::add_batch`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SinkCommit {
-    /// The batch was committed as this table version.
-    Committed { version: i64 },
-    /// The table already holds this batch (a replay after a crash); nothing was written.
-    AlreadyCommitted,
 }
 
 fn delta_err(path: &Path, e: impl std::fmt::Display) -> Error {
@@ -82,10 +55,11 @@ pub fn table_url(path: &Path) -> Result<Url> {
 }
 
 impl DeltaSink {
-    pub fn new(path: &Path) -> Result<DeltaSink> {
+    pub fn new(path: &Path, schema: SchemaRef) -> Result<DeltaSink> {
         Ok(DeltaSink {
             path: path.to_path_buf(),
             url: table_url(path)?,
+            schema,
             table: Mutex::new(None),
         })
     }
@@ -117,17 +91,20 @@ impl DeltaSink {
             .await
             .map_err(|e| delta_err(&self.path, e))
     }
+}
 
+#[async_trait]
+impl Sink for DeltaSink {
     /// Writes a batch's rows in one commit tagged `(app_id, batch_id)`, unless the table
     /// already holds that batch.
-    pub async fn add_batch(
+    async fn add_batch(
         &self,
         app_id: &str,
         batch_id: BatchId,
         mut batches: Vec<RecordBatch>,
-        schema: &SchemaRef,
         mode: &WriteMode,
     ) -> Result<SinkCommit> {
+        let schema = &self.schema;
         if let Some(v) = self.committed_batch(app_id).await?
             && v >= batch_id as i64
         {
@@ -218,6 +195,10 @@ impl DeltaSink {
                 Err(delta_err(&self.path, e))
             }
         }
+    }
+
+    fn describe(&self) -> String {
+        format!("DeltaSink[{}]", self.path.display())
     }
 }
 

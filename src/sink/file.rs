@@ -16,23 +16,17 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::parquet::arrow::ArrowWriter;
-use serde::{Deserialize, Serialize};
 
-use super::delta::SinkCommit;
-use crate::checkpoint::BatchId;
+use super::{Sink, SinkCommit, WriteMode};
 use crate::error::{Error, Result};
-use crate::fsutil::{create_dir_all, numbered, sync_dir, write_new};
-use crate::source::file::{FileFormat, FileSourceConfig, ParseMode};
-
-/// The manifest directory, named as Spark names it.
-pub const MANIFEST_DIR: &str = "_spark_metadata";
-/// Every this many batches the manifest is compacted (Spark's
-/// `spark.sql.streaming.fileSink.log.compactInterval` default).
-pub const COMPACT_INTERVAL: u64 = 10;
-const COMPACT_SUFFIX: &str = ".compact";
+use crate::format::manifest::{self, SinkFileStatus};
+use crate::format::{FileDecoder, FileFormat, FilesTable, ParseMode};
+use crate::fsutil::{create_dir_all, sync_dir};
+use crate::types::BatchId;
 
 /// The file format of a file sink.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +47,10 @@ impl SinkFormat {
         }
     }
 
+    pub fn name(self) -> &'static str {
+        self.ext()
+    }
+
     fn ext(self) -> &'static str {
         match self {
             SinkFormat::Parquet => "parquet",
@@ -61,14 +59,11 @@ impl SinkFormat {
         }
     }
 
-    /// How to read a sink folder of this format back: through its manifest (see
-    /// [`FileSourceConfig::list`]), failing on anything malformed.
-    pub fn reader(self, dir: &Path, schema: SchemaRef) -> FileSourceConfig {
-        FileSourceConfig {
-            path: dir.to_path_buf(),
+    /// How to decode this sink's files: failing on anything malformed.
+    pub fn decoder(self, schema: SchemaRef) -> FileDecoder {
+        FileDecoder {
             format: self.source_format(),
             mode: ParseMode::FailFast,
-            max_files_per_trigger: None,
             schema,
         }
     }
@@ -86,23 +81,20 @@ impl SinkFormat {
     }
 }
 
-/// One line of a manifest (Spark's `SinkFileStatus`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct SinkFileStatus {
-    path: String,
-    size: u64,
-    is_dir: bool,
-    modification_time: i64,
-    block_replication: u32,
-    block_size: u64,
-    action: String,
-}
-
 /// A folder of files committed batch by batch through a manifest.
 pub struct FileSink {
     dir: PathBuf,
     format: SinkFormat,
+    schema: SchemaRef,
+}
+
+/// A file sink's folder as a table: its committed files (through the manifest), decoded.
+pub fn read_table(dir: &Path, format: SinkFormat, schema: SchemaRef) -> FilesTable {
+    let dir = dir.to_path_buf();
+    FilesTable::new(
+        format.decoder(schema),
+        Box::new(move || manifest::committed_files(&dir)),
+    )
 }
 
 fn io(what: String) -> impl FnOnce(std::io::Error) -> Error {
@@ -111,83 +103,13 @@ fn io(what: String) -> impl FnOnce(std::io::Error) -> Error {
 
 impl FileSink {
     /// Opens the sink folder, creating it and its manifest directory.
-    pub fn new(dir: &Path, format: SinkFormat) -> Result<FileSink> {
-        create_dir_all(&dir.join(MANIFEST_DIR))?;
+    pub fn new(dir: &Path, format: SinkFormat, schema: SchemaRef) -> Result<FileSink> {
+        create_dir_all(&manifest::manifest_dir(dir))?;
         Ok(FileSink {
             dir: dir.to_path_buf(),
             format,
+            schema,
         })
-    }
-
-    fn manifest_dir(dir: &Path) -> PathBuf {
-        dir.join(MANIFEST_DIR)
-    }
-
-    /// Manifest files: batch id and whether the file is a compaction, ascending.
-    fn manifests(dir: &Path) -> Result<Vec<(u64, bool)>> {
-        let m = Self::manifest_dir(dir);
-        let mut ids: Vec<(u64, bool)> = numbered(&m, "")?
-            .into_iter()
-            .map(|id| (id, false))
-            .chain(
-                numbered(&m, COMPACT_SUFFIX)?
-                    .into_iter()
-                    .map(|id| (id, true)),
-            )
-            .collect();
-        ids.sort();
-        Ok(ids)
-    }
-
-    fn manifest_file(dir: &Path, id: u64, compact: bool) -> PathBuf {
-        let suffix = if compact { COMPACT_SUFFIX } else { "" };
-        Self::manifest_dir(dir).join(format!("{id}{suffix}"))
-    }
-
-    /// The entries (JSON lines) of the newest compaction and of the batches after it.
-    fn live_entries(dir: &Path) -> Result<Vec<String>> {
-        let manifests = Self::manifests(dir)?;
-        let compacted = manifests.iter().filter(|m| m.1).map(|m| m.0).max();
-        let mut out = Vec::new();
-        for (id, compact) in manifests {
-            let live = match compacted {
-                Some(c) => id > c || (id == c && compact),
-                None => true,
-            };
-            if !live {
-                continue;
-            }
-            let file = Self::manifest_file(dir, id, compact);
-            let text = std::fs::read_to_string(&file)
-                .map_err(io(format!("reading {}", file.display())))?;
-            out.extend(
-                text.lines()
-                    .skip(1)
-                    .filter(|l| !l.trim().is_empty())
-                    .map(str::to_string),
-            );
-        }
-        Ok(out)
-    }
-
-    /// The files committed to the sink folder at `dir`, in batch order.
-    pub fn committed_files(dir: &Path) -> Result<Vec<PathBuf>> {
-        let mut out = Vec::new();
-        for line in Self::live_entries(dir)? {
-            let status: SinkFileStatus = serde_json::from_str(&line).map_err(|e| {
-                Error::Internal(format!(
-                    "corrupt manifest entry in {}: {e}",
-                    Self::manifest_dir(dir).display()
-                ))
-            })?;
-            let path = PathBuf::from(status.path.strip_prefix("file://").unwrap_or(&status.path));
-            match status.action.as_str() {
-                "add" => out.push(path),
-                "delete" => out.retain(|p| *p != path),
-                _ => {}
-            }
-        }
-        Ok(out)
     }
 
     fn write_file(&self, path: &Path, batches: &[RecordBatch], schema: &SchemaRef) -> Result<()> {
@@ -227,36 +149,21 @@ impl FileSink {
         f.sync_all()
             .map_err(io(format!("syncing {}", path.display())))
     }
+}
 
-    /// After compaction `compacted`: removes the manifest files before the previous
-    /// compaction (what readers of the last two compactions do not need).
-    fn remove_old_manifests(&self, compacted: u64) -> Result<()> {
-        let keep_from = compacted.saturating_sub(COMPACT_INTERVAL);
-        for (id, compact) in Self::manifests(&self.dir)? {
-            if id < keep_from {
-                let file = Self::manifest_file(&self.dir, id, compact);
-                if let Err(e) = std::fs::remove_file(&file)
-                    && e.kind() != std::io::ErrorKind::NotFound
-                {
-                    tracing::warn!(file = %file.display(), error = %e, "removing an old manifest");
-                }
-            }
-        }
-        Ok(())
-    }
-
+#[async_trait]
+impl Sink for FileSink {
     /// Writes batch `batch_id`'s rows as one file and commits it in the manifest, unless the
     /// manifest already has the batch.
-    pub fn add_batch(
+    async fn add_batch(
         &self,
+        _query_id: &str,
         batch_id: BatchId,
         batches: Vec<RecordBatch>,
-        schema: &SchemaRef,
+        _mode: &WriteMode,
     ) -> Result<SinkCommit> {
-        if Self::manifests(&self.dir)?
-            .last()
-            .is_some_and(|&(last, _)| batch_id <= last)
-        {
+        let schema = &self.schema;
+        if manifest::last_batch(&self.dir)?.is_some_and(|last| batch_id <= last) {
             return Ok(SinkCommit::AlreadyCommitted);
         }
         let mut statuses = Vec::new();
@@ -286,33 +193,16 @@ impl FileSink {
             });
         }
         crate::testing::crash_point("sink_files_written");
-        let compact = (batch_id + 1).is_multiple_of(COMPACT_INTERVAL);
-        let mut entries = if compact {
-            Self::live_entries(&self.dir)?
-        } else {
-            Vec::new()
-        };
-        for s in &statuses {
-            entries.push(
-                serde_json::to_string(s)
-                    .map_err(|e| Error::Internal(format!("encoding a manifest entry: {e}")))?,
-            );
-        }
-        let mut text = String::from("v1");
-        for e in &entries {
-            text.push('\n');
-            text.push_str(e);
-        }
-        let manifest = Self::manifest_file(&self.dir, batch_id, compact);
-        if !write_new(&manifest, text.as_bytes())? {
+        if !manifest::commit(&self.dir, batch_id, &statuses)? {
             return Ok(SinkCommit::AlreadyCommitted);
-        }
-        if compact {
-            self.remove_old_manifests(batch_id)?;
         }
         Ok(SinkCommit::Committed {
             version: batch_id as i64,
         })
+    }
+
+    fn describe(&self) -> String {
+        format!("FileSink[{}, {}]", self.format.name(), self.dir.display())
     }
 }
 
@@ -324,17 +214,18 @@ mod tests {
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
 
     use super::*;
+    use crate::format::manifest::{COMPACT_SUFFIX, MANIFEST_DIR};
 
     fn batch(schema: &SchemaRef, v: i64) -> RecordBatch {
         RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![v]))]).unwrap()
     }
 
-    #[test]
-    fn the_manifest_is_compacted_every_ten_batches_and_replays_write_nothing() {
+    #[tokio::test]
+    async fn the_manifest_is_compacted_every_ten_batches_and_replays_write_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let schema: SchemaRef =
             Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
-        let sink = FileSink::new(dir.path(), SinkFormat::Parquet).unwrap();
+        let sink = FileSink::new(dir.path(), SinkFormat::Parquet, schema.clone()).unwrap();
         for id in 0..25u64 {
             // Batch 3 is empty: a manifest without files.
             let rows = if id == 3 {
@@ -342,7 +233,10 @@ mod tests {
             } else {
                 vec![batch(&schema, id as i64)]
             };
-            let c = sink.add_batch(id, rows, &schema).unwrap();
+            let c = sink
+                .add_batch("q", id, rows, &WriteMode::Append)
+                .await
+                .unwrap();
             assert!(matches!(c, SinkCommit::Committed { .. }), "batch {id}");
         }
         let mut names: Vec<String> = std::fs::read_dir(dir.path().join(MANIFEST_DIR))
@@ -356,7 +250,7 @@ mod tests {
         expected.extend((20..25).map(|i| i.to_string()));
         assert_eq!(names, expected);
 
-        let files = FileSink::committed_files(dir.path()).unwrap();
+        let files = manifest::committed_files(dir.path()).unwrap();
         assert_eq!(files.len(), 24);
         let ids: Vec<u64> = files
             .iter()
@@ -372,15 +266,24 @@ mod tests {
         // Replays of a compacted and of a plain batch are skipped.
         for id in [5, 19, 24] {
             let c = sink
-                .add_batch(id, vec![batch(&schema, 99)], &schema)
+                .add_batch("q", id, vec![batch(&schema, 99)], &WriteMode::Append)
+                .await
                 .unwrap();
             assert!(matches!(c, SinkCommit::AlreadyCommitted), "batch {id}");
         }
-        // A reader lists exactly the committed files (the orphan-free folder has 24).
-        let listed = SinkFormat::Parquet
-            .reader(dir.path(), schema.clone())
-            .list()
-            .unwrap();
-        assert_eq!(listed.len(), 24);
+        // The sink's table reads exactly the committed files' rows (the orphan-free folder
+        // has 24 batches of one row).
+        let ctx = datafusion::prelude::SessionContext::new();
+        let table = read_table(dir.path(), SinkFormat::Parquet, schema.clone());
+        let rows: usize = ctx
+            .read_table(Arc::new(table))
+            .unwrap()
+            .collect()
+            .await
+            .unwrap()
+            .iter()
+            .map(|b| b.num_rows())
+            .sum();
+        assert_eq!(rows, 24);
     }
 }

@@ -1,3 +1,102 @@
 //! Sources: where a streaming query's rows come from.
+//!
+//! Every source implements [`Source`], the micro-batch contract of Spark's `Source` with
+//! admission control: the trigger loop asks for the latest offset under a read limit, writes
+//! it to `offsets/N`, then reads the rows of `(start, end]` as a stream of Arrow batches.
+//! Offsets are the source's own JSON, stored as is in `offsets/N`; the loop only compares
+//! them. A source that keeps a log of its own (the file source) keeps it in the checkpoint
+//! directory it is given (`sources/<i>/`).
 
 pub mod file;
+pub mod rate;
+pub mod table;
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use futures::stream::BoxStream;
+use tokio::sync::watch;
+
+use crate::error::Result;
+
+/// A source's offset, in the JSON form `offsets/N` stores.
+pub type Offset = serde_json::Value;
+
+/// The rows of a batch, as they are read.
+pub type BatchStream = BoxStream<'static, Result<RecordBatch>>;
+
+/// One stream of batches from a stream of reads, each giving several batches (a file, a log
+/// frame): the reads' order is kept, and a failed read ends the stream with its error.
+pub fn flatten_reads<S>(reads: S) -> BatchStream
+where
+    S: futures::Stream<Item = Result<Vec<RecordBatch>>> + Send + 'static,
+{
+    use futures::StreamExt;
+    reads
+        .map(|r| match r {
+            Ok(batches) => futures::stream::iter(batches.into_iter().map(Ok)).boxed(),
+            Err(e) => futures::stream::once(async move { Err(e) }).boxed(),
+        })
+        .flatten()
+        .boxed()
+}
+
+/// How much one batch may take (Spark's `ReadLimit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadLimit {
+    /// Everything available (`trigger = 'once'`).
+    AllAvailable,
+    /// The source's own limit: `max_files_per_trigger`, `max_rows_per_trigger`.
+    Default,
+}
+
+/// The micro-batch source contract.
+#[async_trait]
+pub trait Source: Send + Sync {
+    /// The rows' schema.
+    fn schema(&self) -> SchemaRef;
+
+    /// For progress reports and `EXPLAIN`: `FileStreamSource[file:/path]`.
+    fn describe(&self) -> String;
+
+    /// Whether the source can fix an end for `available_now`; if not, `available_now`
+    /// runs as `once` (Spark's fallback for the `rate` source).
+    fn supports_available_now(&self) -> bool {
+        true
+    }
+
+    /// Fixes what an `available_now` run reads: the offset available now (Spark's
+    /// `prepareForTriggerAvailableNow`). Later `latest_offset` calls never go past it.
+    async fn prepare_available_now(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// The newest offset a batch starting after `start` may read up to, under `limit`.
+    /// `None` while the source has no data at all; equal to `start` when nothing is new.
+    async fn latest_offset(
+        &mut self,
+        start: Option<&Offset>,
+        limit: ReadLimit,
+    ) -> Result<Option<Offset>>;
+
+    /// The rows of `(start, end]`. Reading the same range again gives the same rows.
+    async fn read(&self, start: Option<&Offset>, end: &Offset) -> Result<BatchStream>;
+
+    /// Counters of the last read, for the progress report's source `metrics`.
+    fn metrics(&self) -> BTreeMap<String, String> {
+        BTreeMap::new()
+    }
+
+    /// The query has committed everything up to `end`: what only it needed may go.
+    async fn commit(&mut self, _end: &Offset) -> Result<()> {
+        Ok(())
+    }
+
+    /// Changes when new data arrives, so a waiting trigger runs at once. `None`: the loop
+    /// polls.
+    fn arrivals(&self) -> Option<watch::Receiver<u64>> {
+        None
+    }
+}

@@ -6,6 +6,7 @@
 //! leading keywords. Pieces that are not ours are passed on as their original text, so the
 //! Postgres-compatibility rewrites of datafusion-postgres see exactly what the client sent.
 
+pub mod copy;
 pub mod options;
 pub mod parser;
 pub mod types;
@@ -59,10 +60,14 @@ pub fn split(sql: &str) -> Vec<Piece> {
     let mut pieces = Vec::new();
     let mut start = 0usize;
     let mut words: Vec<String> = Vec::new();
-    let mut flush = |start: usize, end: usize, words: &mut Vec<String>| {
+    // `COPY t FROM STDIN` is Tidemark's (a table stream's write path); other COPYs are not.
+    let mut stdin = false;
+    let mut flush = |start: usize, end: usize, words: &mut Vec<String>, stdin: &mut bool| {
         let text = sql[start..end].trim();
+        let copy_in = *stdin && words.first().is_some_and(|w| w == "COPY");
+        *stdin = false;
         if !words.is_empty() && !text.is_empty() {
-            if is_tidemark(words) {
+            if copy_in || is_tidemark(words) {
                 pieces.push(Piece::Tidemark(text.to_string()));
             } else {
                 pieces.push(Piece::Other(text.to_string()));
@@ -74,16 +79,22 @@ pub fn split(sql: &str) -> Vec<Piece> {
         match &t.token {
             Token::SemiColon => {
                 let end = offset(t.span.start.line, t.span.start.column);
-                flush(start, end, &mut words);
+                flush(start, end, &mut words, &mut stdin);
                 start = offset(t.span.end.line, t.span.end.column);
             }
             Token::Whitespace(_) => {}
+            Token::Word(w) if w.value.eq_ignore_ascii_case("STDIN") => {
+                stdin = true;
+                if words.len() < 3 {
+                    words.push("STDIN".into());
+                }
+            }
             Token::Word(w) if words.len() < 3 => words.push(w.value.to_ascii_uppercase()),
             _ if words.len() < 3 => words.push(String::new()),
             _ => {}
         }
     }
-    flush(start, sql.len(), &mut words);
+    flush(start, sql.len(), &mut words, &mut stdin);
     pieces
 }
 

@@ -53,6 +53,18 @@ impl Options {
         }
     }
 
+    /// A non-negative integer option.
+    pub fn non_negative_int(&self, key: &str) -> Result<Option<u64>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v.trim().parse::<u64>().map(Some).map_err(|_| {
+                Error::invalid_option(format!(
+                    "option \"{key}\" must be a non-negative integer, got \"{v}\""
+                ))
+            }),
+        }
+    }
+
     /// A boolean option (`true`/`false`, `on`/`off`, `yes`/`no`, `1`/`0`).
     pub fn bool(&self, key: &str) -> Result<Option<bool>> {
         match self.get(key) {

@@ -57,6 +57,8 @@ pub enum TidemarkStatement {
     Flush {
         sink: Option<String>,
     },
+    /// `COPY stream FROM STDIN`: the wire server streams the data in.
+    CopyFrom(super::copy::CopyFrom),
 }
 
 /// A column of a stream.
@@ -67,6 +69,9 @@ pub struct ColumnSpec {
     pub sql_type: String,
     #[serde(skip, default = "null_type")]
     pub data_type: DataType,
+    /// Declared `NOT NULL` (table streams only).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub not_null: bool,
 }
 
 fn null_type() -> DataType {
@@ -109,6 +114,13 @@ pub struct CreateSink {
 
 /// Parses one statement that [`super::split`] classified as Tidemark's.
 pub fn parse_tidemark(sql: &str) -> Result<TidemarkStatement> {
+    if sql
+        .trim_start()
+        .get(..4)
+        .is_some_and(|w| w.eq_ignore_ascii_case("COPY"))
+    {
+        return super::copy::parse_copy_from(sql).map(TidemarkStatement::CopyFrom);
+    }
     let dialect = PostgreSqlDialect {};
     let mut p = Parser::new(&dialect).try_with_sql(sql)?;
     let stmt = parse_statement(&mut p)?;
@@ -257,17 +269,27 @@ fn parse_create_stream(p: &mut Parser) -> Result<CreateStream> {
                 watermark = Some(parse_watermark_clause(p)?);
             } else {
                 let def = p.parse_column_def()?;
-                if !def.options.is_empty() {
-                    return Err(Error::unsupported(format!(
-                        "column constraints are not supported in streams (column \"{}\")",
-                        def.name
-                    )));
+                let mut not_null = false;
+                for o in &def.options {
+                    use datafusion::sql::sqlparser::ast::ColumnOption;
+                    match o.option {
+                        ColumnOption::NotNull => not_null = true,
+                        ColumnOption::Null => not_null = false,
+                        _ => {
+                            return Err(Error::unsupported(format!(
+                                "column constraints other than NOT NULL are not supported in \
+                                 streams (column \"{}\")",
+                                def.name
+                            )));
+                        }
+                    }
                 }
                 let sql_type = def.data_type.to_string();
                 columns.push(ColumnSpec {
                     name: normalize_ident(&def.name),
                     data_type: sql_to_arrow(&sql_type)?,
                     sql_type,
+                    not_null,
                 });
             }
             if p.consume_token(&Token::RParen) {

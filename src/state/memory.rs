@@ -28,7 +28,7 @@ use datafusion::arrow::ipc::writer::FileWriter;
 
 use super::kv::{Backend, Changes};
 use super::snapshot_interval;
-use crate::checkpoint::MIN_BATCHES_TO_RETAIN;
+use crate::config::MIN_BATCHES_TO_RETAIN;
 use crate::error::{Error, Result};
 use crate::fsutil::{create_dir_all, numbered, write_atomic_then};
 

@@ -27,7 +27,7 @@ use rocksdb::{
 };
 
 use super::kv::{Backend, Changes, time_bytes};
-use crate::checkpoint::MIN_BATCHES_TO_RETAIN;
+use crate::config::MIN_BATCHES_TO_RETAIN;
 use crate::error::{Error, Result};
 use crate::fsutil::{create_dir_all, numbered, sync_dir};
 

@@ -1,8 +1,10 @@
 //! The one integration-test binary: end-to-end tests against real `tidemark` processes.
 
+mod architecture;
 mod crash;
 mod failure;
 mod harness;
+mod ingest;
 mod oracle;
 mod property;
 mod run;

@@ -9,7 +9,9 @@
 //!
 //! Errors are shown as `ERROR <sqlstate>: <message>`, so `statement error` lines can match
 //! either the code (`statement error (42P01)`) or the text.
-//! `TIDEMARK_SLT=<substring>` runs only the files whose name contains it.
+//! `TIDEMARK_SLT=<substring>` runs only the files whose name contains it. `system` commands
+//! can reach the file's server as `psql -h 127.0.0.1 -p $TIDEMARK_PORT` (psql must be
+//! installed; `.ci/run` installs it).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -151,6 +153,7 @@ async fn run_file(path: &Path) -> Result<(), String> {
         data_dir: tmp.path().join("data"),
         port: free_port(),
     }));
+    let port = shared.lock().await.port;
     let for_conn = shared.clone();
     let mut runner = Runner::new(move || {
         let shared = for_conn.clone();
@@ -165,6 +168,8 @@ async fn run_file(path: &Path) -> Result<(), String> {
             Ok::<_, DbError>(SltDb { shared, client })
         }
     });
+    // `$TIDEMARK_PORT` in `system` commands: psql's \copy against this file's server.
+    runner.set_var("TIDEMARK_PORT".into(), port.to_string());
     let result = runner.run_file_async(path).await;
     let server = shared.lock().await.server.take();
     let log = server.as_ref().map(|s| s.log()).unwrap_or_default();

@@ -145,6 +145,10 @@ async fn extended_protocol_types_errors_and_psql() {
         );
         assert!(stdout.contains("PostgreSQL 17"), "version():\n{stdout}");
     } else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "psql is not installed: CI must install it (.ci/run does)"
+        );
         eprintln!("psql is not installed: skipping the psql part (.ci/run installs it)");
     }
     // psycopg 3 (extended protocol, transactions, binary results), when installed.
@@ -167,6 +171,10 @@ async fn extended_protocol_types_errors_and_psql() {
             String::from_utf8_lossy(&out.stderr)
         );
     } else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "psycopg is not installed: CI must install it (.ci/run does)"
+        );
         eprintln!("psycopg is not installed: skipping the psycopg part (.ci/run installs it)");
     }
     server.stop().await;

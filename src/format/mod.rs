@@ -1,15 +1,17 @@
-//! The file source: a landing directory of JSON, CSV, Parquet or text files (spec §10).
+//! File formats: decoding JSON, CSV, Parquet and text files into Arrow batches of a
+//! declared schema, with Spark's handling of malformed records (`mode`), and the
+//! `_spark_metadata` manifest of file sinks ([`manifest`]).
 //!
-//! New files are discovered at every trigger by listing the directory, oldest modification
-//! time first (ties broken by path). Which files were taken, and in which batch, is kept in
-//! the query's checkpoint (`sources/0/<k>`, see [`crate::checkpoint`]), so every file is
-//! read exactly once per query.
+//! A leaf below sources and sinks: the file source reads landing files through
+//! [`FileDecoder`], a file sink writes these formats and its read side decodes them back.
+
+pub mod copy;
+pub mod manifest;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::UNIX_EPOCH;
 
 use datafusion::arrow::array::{ArrayRef, StringBuilder, new_null_array};
 use datafusion::arrow::compute::cast;
@@ -120,57 +122,18 @@ pub struct FileRead {
     pub missing: bool,
 }
 
-/// Everything needed to list and read a stream's files.
+/// How to decode a file: its format, the schema it is read into, what to do with
+/// malformed records.
 #[derive(Debug, Clone)]
-pub struct FileSourceConfig {
-    pub path: PathBuf,
+pub struct FileDecoder {
     pub format: FileFormat,
     /// JSON and CSV: what to do with malformed records.
     pub mode: ParseMode,
-    /// At most this many new files per micro-batch.
-    pub max_files_per_trigger: Option<u64>,
     /// The declared schema; every field nullable.
     pub schema: SchemaRef,
 }
 
-/// A file found in the landing directory.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ListedFile {
-    /// `file:///...` URL, as Spark writes it in the source log.
-    pub path: String,
-    /// Modification time, ms since the epoch.
-    pub timestamp: i64,
-}
-
-impl ListedFile {
-    pub fn local_path(&self) -> PathBuf {
-        PathBuf::from(self.path.strip_prefix("file://").unwrap_or(&self.path))
-    }
-}
-
-impl FileSourceConfig {
-    /// Lists the files under the path, oldest first. Hidden files (`.x`, `_x`) and
-    /// directories are skipped, as Spark does; subdirectories are walked.
-    pub fn list(&self) -> Result<Vec<ListedFile>> {
-        let mut out = Vec::new();
-        if self.path.join(crate::sink::file::MANIFEST_DIR).is_dir() {
-            // The folder of a file sink: only the files its manifest committed (spec §10.3).
-            for path in crate::sink::file::FileSink::committed_files(&self.path)? {
-                if let Ok(meta) = std::fs::metadata(&path) {
-                    out.push(listed(&path, &meta));
-                }
-            }
-        } else {
-            walk(&self.path, &mut out)?;
-        }
-        out.sort_by(|a, b| {
-            a.timestamp
-                .cmp(&b.timestamp)
-                .then_with(|| a.path.cmp(&b.path))
-        });
-        Ok(out)
-    }
-
+impl FileDecoder {
     /// Reads one file into batches of the declared schema. A file that vanished since it
     /// was listed reads as empty (`missing`); one that cannot be read is an error.
     pub fn read(&self, file: &Path) -> Result<FileRead> {
@@ -492,6 +455,72 @@ impl FileSourceConfig {
     }
 }
 
+/// Lists the files a [`FilesTable`] reads at each scan.
+pub type FileLister = Box<dyn Fn() -> Result<Vec<PathBuf>> + Send + Sync>;
+
+/// Files as a DataFusion table: every scan lists them again and decodes them all.
+pub struct FilesTable {
+    decoder: Arc<FileDecoder>,
+    list: Arc<FileLister>,
+}
+
+impl std::fmt::Debug for FilesTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FilesTable")
+            .field("format", &self.decoder.format)
+            .finish()
+    }
+}
+
+impl FilesTable {
+    pub fn new(decoder: FileDecoder, list: FileLister) -> FilesTable {
+        FilesTable {
+            decoder: Arc::new(decoder),
+            list: Arc::new(list),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl datafusion::datasource::TableProvider for FilesTable {
+    fn schema(&self) -> SchemaRef {
+        self.decoder.schema.clone()
+    }
+
+    fn table_type(&self) -> datafusion::datasource::TableType {
+        datafusion::datasource::TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn datafusion::catalog::Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[datafusion::logical_expr::Expr],
+        _limit: Option<usize>,
+    ) -> datafusion::error::Result<Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+        use datafusion::error::DataFusionError;
+        let decoder = self.decoder.clone();
+        let list = self.list.clone();
+        let batches = tokio::task::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
+            let mut out = Vec::new();
+            for f in list()? {
+                out.extend(decoder.read(&f)?.batches);
+            }
+            Ok(out)
+        })
+        .await
+        .map_err(|e| DataFusionError::External(Box::new(e)))?
+        .map_err(|e: Error| DataFusionError::External(Box::new(e)))?;
+        Ok(
+            datafusion::datasource::memory::MemorySourceConfig::try_new_exec(
+                &[batches],
+                self.decoder.schema.clone(),
+                projection.cloned(),
+            )?,
+        )
+    }
+}
+
 /// Decoded rows, or a malformed record's raw text and the fields of it that parsed.
 enum Part {
     Rows(RecordBatch),
@@ -582,43 +611,6 @@ fn conform(
     RecordBatch::try_new(schema.clone(), columns)
 }
 
-fn listed(path: &Path, meta: &std::fs::Metadata) -> ListedFile {
-    let timestamp = meta
-        .modified()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0);
-    ListedFile {
-        path: format!("file://{}", path.display()),
-        timestamp,
-    }
-}
-
-fn walk(dir: &Path, out: &mut Vec<ListedFile>) -> Result<()> {
-    let entries =
-        std::fs::read_dir(dir).map_err(|e| Error::io(format!("listing {}", dir.display()), e))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| Error::io(format!("listing {}", dir.display()), e))?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with('.') || name.starts_with('_') {
-            continue;
-        }
-        let path = entry.path();
-        // A file that vanishes between listing and stat is simply not listed.
-        let Ok(meta) = std::fs::metadata(&path) else {
-            continue;
-        };
-        if meta.is_dir() {
-            walk(&path, out)?;
-        } else if meta.is_file() {
-            out.push(listed(&path, &meta));
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -636,45 +628,7 @@ mod tests {
         ]))
     }
 
-    #[test]
-    fn lists_oldest_first_and_reads_json() {
-        let dir = tempfile::tempdir().unwrap();
-        let a = dir.path().join("a.json");
-        let b = dir.path().join("b.json");
-        std::fs::write(
-            &b,
-            "{\"page\":\"/x\",\"event_time\":\"2026-06-10T10:01:00Z\",\"n\":1}\n",
-        )
-        .unwrap();
-        std::fs::write(
-            &a,
-            "{\"page\":\"/y\",\"event_time\":\"2026-06-10T10:02:00Z\",\"extra\":true}\n",
-        )
-        .unwrap();
-        std::fs::write(dir.path().join(".hidden"), "x").unwrap();
-        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
-        File::options()
-            .write(true)
-            .open(&b)
-            .unwrap()
-            .set_modified(old)
-            .unwrap();
-        let cfg = FileSourceConfig {
-            path: dir.path().to_path_buf(),
-            format: FileFormat::Json,
-            mode: ParseMode::Permissive,
-            max_files_per_trigger: None,
-            schema: schema(),
-        };
-        let files = cfg.list().unwrap();
-        assert_eq!(files.len(), 2);
-        assert!(files[0].path.ends_with("b.json"));
-        let batches = cfg.read(&files[1].local_path()).unwrap().batches;
-        assert_eq!(batches[0].num_rows(), 1);
-        assert_eq!(batches[0].column(2).null_count(), 1);
-    }
-
-    fn config(format: FileFormat, mode: ParseMode, corrupt: bool) -> FileSourceConfig {
+    fn config(format: FileFormat, mode: ParseMode, corrupt: bool) -> FileDecoder {
         let mut fields: Vec<Field> = schema()
             .fields()
             .iter()
@@ -683,11 +637,9 @@ mod tests {
         if corrupt {
             fields.push(Field::new(CORRUPT_RECORD, DataType::Utf8, true));
         }
-        FileSourceConfig {
-            path: PathBuf::from("/"),
+        FileDecoder {
             format,
             mode,
-            max_files_per_trigger: None,
             schema: Arc::new(Schema::new(fields)),
         }
     }

@@ -1,0 +1,18 @@
+//! Engine-wide settings in one place: how many threads a batch uses, how often idle
+//! triggers look for new data, how many log entries a checkpoint keeps.
+
+use std::time::Duration;
+
+/// How often the default trigger looks for new files when idle. Sources that announce
+/// arrivals (INSERT-fed streams) wake the trigger at once instead.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
+
+/// The number of threads a batch uses to read files and execute.
+pub fn parallelism() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+}
+
+/// How many batches of logs and state versions are kept (Spark's `minBatchesToRetain`).
+pub const MIN_BATCHES_TO_RETAIN: u64 = 100;

@@ -1,0 +1,256 @@
+//! Streams fed over the wire, against a real server process: INSERT with parameters and
+//! COPY through the extended protocol (tokio-postgres), psycopg's `executemany` and
+//! `copy`, and SIGKILL while concurrent INSERT and COPY clients run.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use futures::SinkExt;
+use tokio_postgres::Client;
+
+use crate::harness::{Rng, TestServer, free_port, poll};
+
+const STREAM: &str = "CREATE STREAM events (id BIGINT NOT NULL, ts TIMESTAMP, v DOUBLE PRECISION)";
+
+/// `id`s of a table as a sorted list.
+async fn ids(client: &Client, sql: &str) -> Vec<i64> {
+    let mut out: Vec<i64> = client
+        .query(sql, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<_, i64>(0))
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// One COPY in text format through tokio-postgres (Parse/Bind/Execute, then CopyData).
+async fn copy_rows(client: &Client, rows: &[i64]) -> Result<u64, tokio_postgres::Error> {
+    let mut text = String::new();
+    for id in rows {
+        text.push_str(&format!("{id}\t2026-06-10 10:00:00\t{}\n", id % 7));
+    }
+    let sink = client.copy_in("COPY events FROM STDIN").await?;
+    futures::pin_mut!(sink);
+    sink.send(std::io::Cursor::new(text.into_bytes())).await?;
+    sink.finish().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insert_and_copy_through_the_extended_protocol_and_psycopg() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&tmp.path().join("data"), free_port(), &[]).await;
+    let client = server.connect().await;
+    client.batch_execute(STREAM).await.unwrap();
+
+    // Parameter binding: tokio-postgres prepares every statement.
+    let insert = client
+        .prepare("INSERT INTO events VALUES ($1, $2, $3)")
+        .await
+        .unwrap();
+    let ts =
+        chrono::NaiveDateTime::parse_from_str("2026-06-10 10:00:00", "%Y-%m-%d %H:%M:%S").unwrap();
+    for id in 0..20i64 {
+        let n = client
+            .execute(&insert, &[&id, &ts, &(id as f64 * 0.5)])
+            .await
+            .unwrap();
+        assert_eq!(n, 1);
+    }
+    // A bad parameter is refused with Postgres's SQLSTATE, and appends nothing.
+    let err = client
+        .execute(&insert, &[&None::<i64>, &ts, &1.0f64])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code().unwrap().code(), "23502", "{err}");
+
+    // COPY in the extended protocol.
+    let n = copy_rows(&client, &(100..150).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    assert_eq!(n, 50);
+    // A COPY with a bad line appends nothing, and the connection stays usable.
+    let sink = client.copy_in("COPY events FROM STDIN").await.unwrap();
+    futures::pin_mut!(sink);
+    sink.send(std::io::Cursor::new(
+        b"200\t2026-06-10 10:00:00\t1\n201\tnope\t1\n".to_vec(),
+    ))
+    .await
+    .unwrap();
+    let err = sink.finish().await.unwrap_err();
+    assert_eq!(err.code().unwrap().code(), "22P02", "{err}");
+
+    let want: Vec<i64> = (0..20).chain(100..150).collect();
+    assert_eq!(ids(&client, "SELECT id FROM events").await, want);
+
+    // psycopg 3: executemany and cursor.copy (CI installs it; elsewhere it must be there
+    // too, or this test fails rather than skipping).
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/psycopg_ingest.py");
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .arg(server.port.to_string())
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "psycopg ingest failed (is psycopg installed? pip install 'psycopg[binary]'):\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let want: Vec<i64> = (0..20)
+        .chain(100..150)
+        .chain(1000..1100)
+        .chain(2000..2300)
+        .collect();
+    assert_eq!(ids(&client, "SELECT id FROM events").await, want);
+    server.stop().await;
+}
+
+/// What the writer clients sent: per statement, its ids and whether it was acknowledged.
+#[derive(Default)]
+struct Sent {
+    statements: BTreeMap<(u32, u32), (Vec<i64>, bool)>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkill_during_concurrent_inserts_and_copies_loses_and_duplicates_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data_dir = tmp.path().join("data");
+    let port = free_port();
+    let server = TestServer::start(&data_dir, port, &[]).await;
+    let admin = server.connect().await;
+    admin.batch_execute(STREAM).await.unwrap();
+    // Two queries over the stream: a stateless copy and a per-id count.
+    admin
+        .batch_execute(
+            "CREATE SINK copied AS SELECT id, ts, v FROM events;
+             CREATE SINK counted WITH (output_mode = 'update') AS
+                 SELECT id, count(*) AS n FROM events GROUP BY id",
+        )
+        .await
+        .unwrap();
+    let sent = Arc::new(Mutex::new(Sent::default()));
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    eprintln!("ingest crash seed {seed}");
+    // Four INSERT clients and two COPY clients, each until the server dies.
+    let mut writers = Vec::new();
+    for w in 0..6u32 {
+        let sent = sent.clone();
+        let client = crate::harness::connect(port).await;
+        let mut rng = Rng(seed ^ (u64::from(w) + 1) * 0x9e37_79b9);
+        writers.push(tokio::spawn(async move {
+            for s in 0..100_000u32 {
+                let rows = 1 + rng.below(if w < 4 { 5 } else { 200 }) as i64;
+                let base = (i64::from(w) << 40) | (i64::from(s) << 16);
+                let ids: Vec<i64> = (0..rows).map(|r| base | r).collect();
+                sent.lock()
+                    .unwrap()
+                    .statements
+                    .insert((w, s), (ids.clone(), false));
+                let ok = if w < 4 {
+                    let values: Vec<String> = ids
+                        .iter()
+                        .map(|id| format!("({id}, '2026-06-10 10:00:00', {})", id % 7))
+                        .collect();
+                    client
+                        .execute(
+                            format!("INSERT INTO events VALUES {}", values.join(", ")).as_str(),
+                            &[],
+                        )
+                        .await
+                        .is_ok()
+                } else {
+                    copy_rows(&client, &ids).await.is_ok()
+                };
+                if !ok {
+                    return;
+                }
+                sent.lock().unwrap().statements.get_mut(&(w, s)).unwrap().1 = true;
+            }
+        }));
+    }
+    // Kill once a few hundred statements are acknowledged, while the writers still run.
+    poll("acknowledged statements", || {
+        let sent = sent.clone();
+        async move {
+            let acked = sent
+                .lock()
+                .unwrap()
+                .statements
+                .values()
+                .filter(|s| s.1)
+                .count();
+            (acked >= 300).then_some(())
+        }
+    })
+    .await;
+    server.kill().await;
+    for w in writers {
+        w.await.unwrap();
+    }
+
+    let server = TestServer::start(&data_dir, port, &[]).await;
+    let client = server.connect().await;
+    client.batch_execute("FLUSH").await.unwrap();
+    let stream = ids(&client, "SELECT id FROM events").await;
+    let copied = ids(&client, "SELECT id FROM copied").await;
+    let counted: BTreeMap<i64, i64> = client
+        .query("SELECT id, n FROM counted", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get::<_, i64>(0), r.get::<_, i64>(1)))
+        .collect();
+
+    let sent = sent.lock().unwrap();
+    let in_stream: BTreeSet<i64> = stream.iter().copied().collect();
+    assert_eq!(in_stream.len(), stream.len(), "no row twice in the stream");
+    let mut expected = Vec::new();
+    let (mut acked, mut unacked_present, mut unacked_absent) = (0, 0, 0);
+    for ((w, s), (ids, ok)) in &sent.statements {
+        let present = ids.iter().filter(|id| in_stream.contains(id)).count();
+        if *ok {
+            acked += 1;
+            assert_eq!(
+                present,
+                ids.len(),
+                "acknowledged statement {w}/{s} lost rows"
+            );
+        } else {
+            assert!(
+                present == 0 || present == ids.len(),
+                "unacknowledged statement {w}/{s} is partly there ({present} of {})",
+                ids.len()
+            );
+            if present == 0 {
+                unacked_absent += 1;
+            } else {
+                unacked_present += 1;
+            }
+        }
+        if present > 0 {
+            expected.extend(ids.iter().copied());
+        }
+    }
+    expected.sort_unstable();
+    assert_eq!(
+        stream, expected,
+        "the stream holds exactly the statements that landed"
+    );
+    assert_eq!(copied, stream, "the copy sink read every row exactly once");
+    assert_eq!(counted.len(), stream.len());
+    assert!(
+        counted.values().all(|&n| n == 1),
+        "the aggregate counted every row exactly once"
+    );
+    eprintln!(
+        "ingest crash: {acked} statements acknowledged, {} rows; unacknowledged: {unacked_present} landed, {unacked_absent} absent",
+        stream.len()
+    );
+    assert!(acked >= 300);
+    server.stop().await;
+}
