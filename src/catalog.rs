@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::format::{CORRUPT_RECORD, FileDecoder, FileFormat, ParseMode};
 use crate::fsutil::write_atomic;
+use crate::source::delta::{DEFAULT_MAX_FILES, DeltaSourceConfig};
 use crate::source::file::FileSourceConfig;
 use crate::source::rate::{RateConfig, RateMicroBatchConfig};
 use crate::source::table::{DEFAULT_SEGMENT_BYTES, TableConfig};
@@ -47,6 +48,8 @@ pub enum StreamSource {
     Rate(RateConfig),
     /// `connector = 'rate_micro_batch'`: a fixed number of rows per batch (spec §13.2).
     RateMicroBatch(RateMicroBatchConfig),
+    /// `connector = 'delta'`: the files new versions of a Delta table add.
+    Delta(DeltaSourceConfig),
 }
 
 impl StreamSource {
@@ -56,6 +59,7 @@ impl StreamSource {
             StreamSource::Table(_) => "table",
             StreamSource::Rate(_) => "rate",
             StreamSource::RateMicroBatch(_) => "rate_micro_batch",
+            StreamSource::Delta(_) => "delta",
         }
     }
 
@@ -66,6 +70,7 @@ impl StreamSource {
             StreamSource::Rate(_) | StreamSource::RateMicroBatch(_) => {
                 crate::source::rate::schema()
             }
+            StreamSource::Delta(d) => d.schema.clone(),
         }
     }
 }
@@ -104,11 +109,13 @@ impl StreamDef {
             c @ ("rate" | "rate_micro_batch") => {
                 return Self::rate(c, name, columns, watermark, options);
             }
+            "delta" => return Self::delta(name, columns, watermark, options),
             other => {
                 return Err(Error::Unsupported {
                     message: format!("connector \"{other}\" is not supported for streams"),
                     hint: Some(
-                        "Use connector = 'file', 'table', 'rate' or 'rate_micro_batch'.".into(),
+                        "Use connector = 'file', 'table', 'delta', 'rate' or 'rate_micro_batch'."
+                            .into(),
                     ),
                 });
             }
@@ -298,61 +305,106 @@ impl StreamDef {
         let partitions = options
             .positive_int("num_partitions")?
             .map_or(crate::config::parallelism() as i64, |n| n as i64);
-        let source = if connector == "rate" {
-            options.check_known(
-                "a rate stream",
-                &[
-                    "connector",
-                    "rows_per_second",
-                    "ramp_up_time",
-                    "num_partitions",
-                ],
-            )?;
-            let ramp_up = options
-                .get("ramp_up_time")
-                .map(crate::sql::options::parse_duration)
-                .transpose()?
-                .map_or(0, |d| d.as_secs() as i64);
-            StreamSource::Rate(RateConfig {
-                rows_per_second: options.positive_int("rows_per_second")?.unwrap_or(1) as i64,
-                ramp_up_secs: ramp_up,
-                num_partitions: partitions,
-            })
-        } else {
-            options.check_known(
-                "a rate_micro_batch stream",
-                &[
-                    "connector",
-                    "rows_per_batch",
-                    "num_partitions",
-                    "start_timestamp",
-                    "advance_millis_per_batch",
-                ],
-            )?;
-            let rows = options.positive_int("rows_per_batch")?.ok_or_else(|| {
-                Error::InvalidOption {
+        let source =
+            if connector == "rate" {
+                options.check_known(
+                    "a rate stream",
+                    &[
+                        "connector",
+                        "rows_per_second",
+                        "ramp_up_time",
+                        "num_partitions",
+                    ],
+                )?;
+                let ramp_up = options
+                    .get("ramp_up_time")
+                    .map(crate::sql::options::parse_duration)
+                    .transpose()?
+                    .map_or(0, |d| d.as_secs() as i64);
+                StreamSource::Rate(RateConfig {
+                    rows_per_second: options.positive_int("rows_per_second")?.unwrap_or(1) as i64,
+                    ramp_up_secs: ramp_up,
+                    num_partitions: partitions,
+                })
+            } else {
+                options.check_known(
+                    "a rate_micro_batch stream",
+                    &[
+                        "connector",
+                        "rows_per_batch",
+                        "num_partitions",
+                        "start_timestamp",
+                        "advance_millis_per_batch",
+                    ],
+                )?;
+                let rows = options.positive_int("rows_per_batch")?.ok_or_else(|| {
+                    Error::InvalidOption {
                     message:
                         "missing required option \"rows_per_batch\" for a rate_micro_batch stream"
                             .into(),
                     hint: Some("Add rows_per_batch = N.".into()),
                 }
-            })?;
-            StreamSource::RateMicroBatch(RateMicroBatchConfig {
-                rows_per_batch: rows as i64,
-                num_partitions: partitions,
-                start_timestamp_ms: options.non_negative_int("start_timestamp")?.unwrap_or(0)
-                    as i64,
-                advance_ms_per_batch: options
-                    .non_negative_int("advance_millis_per_batch")?
-                    .unwrap_or(1000) as i64,
-            })
-        };
+                })?;
+                StreamSource::RateMicroBatch(RateMicroBatchConfig {
+                    rows_per_batch: rows as i64,
+                    num_partitions: partitions,
+                    start_timestamp_ms: options.non_negative_int("start_timestamp")?.unwrap_or(0)
+                        as i64,
+                    advance_ms_per_batch: options
+                        .non_negative_int("advance_millis_per_batch")?
+                        .unwrap_or(1000) as i64,
+                })
+            };
         Ok(StreamDef {
             name,
             columns,
             watermark,
             options,
             source: Some(source),
+        })
+    }
+
+    /// A Delta stream. `columns` are the table's (the engine reads them from the table
+    /// when the stream is created; the catalog keeps them).
+    fn delta(
+        name: String,
+        columns: Vec<ColumnSpec>,
+        watermark: Option<WatermarkSpec>,
+        options: Options,
+    ) -> Result<StreamDef> {
+        options.check_known(
+            "a delta stream",
+            &[
+                "connector",
+                "path",
+                "starting_version",
+                "max_files_per_trigger",
+                "ignore_deletes",
+            ],
+        )?;
+        let path = delta_path(&options)?;
+        check_columns(&name, &columns, watermark.as_ref())?;
+        let schema: SchemaRef = Arc::new(Schema::new(
+            columns
+                .iter()
+                .map(|c| Field::new(&c.name, c.data_type.clone(), true))
+                .collect::<Vec<_>>(),
+        ));
+        let config = DeltaSourceConfig {
+            path,
+            schema,
+            starting_version: options.non_negative_int("starting_version")?,
+            max_files_per_trigger: options
+                .positive_int("max_files_per_trigger")?
+                .unwrap_or(DEFAULT_MAX_FILES),
+            ignore_deletes: options.bool("ignore_deletes")?.unwrap_or(false),
+        };
+        Ok(StreamDef {
+            name,
+            columns,
+            watermark,
+            options,
+            source: Some(StreamSource::Delta(config)),
         })
     }
 
@@ -367,6 +419,22 @@ impl StreamDef {
     pub fn schema(&self) -> SchemaRef {
         self.source().schema()
     }
+}
+
+/// The `path` of a Delta stream: required, absolute.
+pub fn delta_path(options: &Options) -> Result<PathBuf> {
+    let path = options.get("path").ok_or_else(|| Error::InvalidOption {
+        message: "missing required option \"path\" for a delta stream".into(),
+        hint: Some("Add path = '/the/delta/table'.".into()),
+    })?;
+    let path = PathBuf::from(path);
+    if !path.is_absolute() {
+        return Err(Error::invalid_option(format!(
+            "path \"{}\" must be absolute",
+            path.display()
+        )));
+    }
+    Ok(path)
 }
 
 /// A declared schema: not empty, distinct names, a watermark on one of its timestamps.

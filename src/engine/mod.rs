@@ -113,7 +113,15 @@ impl Engine {
             Arc::new(SystemTable::progress(registry.clone())),
         )?;
         for s in &catalog.streams {
-            engine.register_stream(s)?;
+            if let Err(e) = engine.register_stream(s).await {
+                // A Delta table removed while the server was down must not stop startup.
+                match s.source() {
+                    StreamSource::Delta(_) => {
+                        tracing::warn!(stream = %s.name, error = %e, "stream is not readable")
+                    }
+                    _ => return Err(e),
+                }
+            }
         }
         for s in &catalog.sinks {
             if let Err(e) = engine.register_sink(s, &catalog).await {
@@ -159,7 +167,7 @@ impl Engine {
         }
     }
 
-    fn register_stream(&self, s: &StreamDef) -> Result<()> {
+    async fn register_stream(&self, s: &StreamDef) -> Result<()> {
         let table: Arc<dyn datafusion::datasource::TableProvider> = match s.source() {
             StreamSource::File(f) => Arc::new(f.table()),
             StreamSource::Table(config) => {
@@ -169,6 +177,9 @@ impl Engine {
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(s.name.clone(), log.clone());
                 Arc::new(TableStreamTable::new(log))
+            }
+            StreamSource::Delta(d) => {
+                Arc::new(crate::sink::delta::DeltaReadTable::try_new(&d.path).await?)
             }
             other => Arc::new(tables::SinkOnlyTable::new(
                 &s.name,
@@ -302,8 +313,13 @@ impl Engine {
                 name: cs.name,
             });
         }
-        let def = StreamDef::try_new(cs.name, cs.columns, cs.watermark, cs.options, true)?;
-        self.register_stream(&def)?;
+        let columns = if cs.options.get("connector") == Some("delta") {
+            delta_columns(&cs.columns, &cs.options).await?
+        } else {
+            cs.columns
+        };
+        let def = StreamDef::try_new(cs.name, columns, cs.watermark, cs.options, true)?;
+        self.register_stream(&def).await?;
         cat.streams.push(def);
         if let Err(e) = cat.save(&self.data_dir) {
             let def = cat.streams.pop().expect("just pushed");
@@ -896,6 +912,11 @@ impl Engine {
                     Some(f.path.display().to_string()),
                     f.max_files_per_trigger,
                 ),
+                StreamSource::Delta(d) => (
+                    None,
+                    Some(d.path.display().to_string()),
+                    Some(d.max_files_per_trigger),
+                ),
                 _ => (None, None, None),
             };
             rows.push([
@@ -954,6 +975,34 @@ impl Engine {
             vec![RecordBatch::try_new(schema, cols)?],
         ))
     }
+}
+
+/// A Delta stream's columns: the table's. Declaring them is refused.
+async fn delta_columns(
+    declared: &[crate::sql::parser::ColumnSpec],
+    options: &crate::sql::options::Options,
+) -> Result<Vec<crate::sql::parser::ColumnSpec>> {
+    if !declared.is_empty() {
+        return Err(Error::InvalidOption {
+            message: "the columns of a delta stream come from its table".into(),
+            hint: Some("Leave the column list out (a WATERMARK FOR clause may stay).".into()),
+        });
+    }
+    let path = crate::catalog::delta_path(options)?;
+    let schema = crate::sink::delta::table_schema(&path).await?;
+    schema
+        .fields()
+        .iter()
+        .map(|f| {
+            let sql_type = arrow_to_sql(f.data_type());
+            Ok(crate::sql::parser::ColumnSpec {
+                name: f.name().clone(),
+                data_type: crate::sql::types::sql_to_arrow(&sql_type)?,
+                sql_type,
+                not_null: false,
+            })
+        })
+        .collect()
 }
 
 /// The columns a statement returns, for the extended protocol's Describe; `None` for

@@ -130,6 +130,7 @@ pub fn checkpoint_definition(
     CheckpointDefinition {
         source: match stream.source() {
             StreamSource::File(f) => f.identity(),
+            StreamSource::Delta(d) => format!("delta:{}", d.path.display()),
             other => format!("{}:{}", other.connector(), stream.name),
         },
         group_keys,
@@ -321,6 +322,19 @@ pub async fn explain(def: &SinkDef, stream: &StreamDef, shape: &SinkShape) -> Re
         StreamSource::Rate(r) => format!(
             "  Source: RateStream[rows_per_second={}, ramp_up_time={}s, num_partitions={}]",
             r.rows_per_second, r.ramp_up_secs, r.num_partitions
+        ),
+        StreamSource::Delta(d) => format!(
+            "  Source: DeltaSource[{}] max_files_per_trigger={}{}{}",
+            d.path.display(),
+            d.max_files_per_trigger,
+            d.starting_version
+                .map(|v| format!(" starting_version={v}"))
+                .unwrap_or_default(),
+            if d.ignore_deletes {
+                " ignore_deletes"
+            } else {
+                ""
+            }
         ),
         StreamSource::RateMicroBatch(r) => format!(
             "  Source: RatePerMicroBatchStream[rows_per_batch={}, num_partitions={}, \
@@ -535,6 +549,13 @@ fn open_source(task: &QueryTask, ckpt: &Checkpoint) -> Result<Box<dyn Source>> {
             task.clock.clone(),
         )?),
         StreamSource::RateMicroBatch(config) => Box::new(RateMicroBatchSource::new(config.clone())),
+        StreamSource::Delta(config) => {
+            let mut config = config.clone();
+            if let Some(n) = def.options.positive_int("max_files_per_trigger")? {
+                config.max_files_per_trigger = n;
+            }
+            Box::new(crate::source::delta::DeltaSource::new(config))
+        }
     })
 }
 

@@ -283,6 +283,20 @@ pub struct DeltaReadTable {
     schema: SchemaRef,
 }
 
+/// The Arrow schema of the Delta table at `path` (a Delta stream's columns).
+pub async fn table_schema(path: &Path) -> Result<SchemaRef> {
+    if !path.join("_delta_log").is_dir() {
+        return Err(Error::InvalidOption {
+            message: format!(
+                "\"{}\" is not a Delta table (no _delta_log)",
+                path.display()
+            ),
+            hint: Some("Point path at a Delta table, such as a Delta sink's path.".into()),
+        });
+    }
+    Ok(DeltaReadTable::try_new(path).await?.schema)
+}
+
 impl DeltaReadTable {
     /// Opens the table to learn its schema as the Delta provider reports it.
     pub async fn try_new(path: &Path) -> Result<DeltaReadTable> {

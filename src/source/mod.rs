@@ -7,6 +7,7 @@
 //! them. A source that keeps a log of its own (the file source) keeps it in the checkpoint
 //! directory it is given (`sources/<i>/`).
 
+pub mod delta;
 pub mod file;
 pub mod rate;
 pub mod table;

@@ -141,7 +141,7 @@ async fn sigkill_during_concurrent_inserts_and_copies_loses_and_duplicates_nothi
     for w in 0..6u32 {
         let sent = sent.clone();
         let client = crate::harness::connect(port).await;
-        let mut rng = Rng(seed ^ (u64::from(w) + 1) * 0x9e37_79b9);
+        let mut rng = Rng(seed ^ ((u64::from(w) + 1) * 0x9e37_79b9));
         writers.push(tokio::spawn(async move {
             for s in 0..100_000u32 {
                 let rows = 1 + rng.below(if w < 4 { 5 } else { 200 }) as i64;
@@ -206,7 +206,7 @@ async fn sigkill_during_concurrent_inserts_and_copies_loses_and_duplicates_nothi
         .map(|r| (r.get::<_, i64>(0), r.get::<_, i64>(1)))
         .collect();
 
-    let sent = sent.lock().unwrap();
+    let sent = std::mem::take(&mut *sent.lock().unwrap());
     let in_stream: BTreeSet<i64> = stream.iter().copied().collect();
     assert_eq!(in_stream.len(), stream.len(), "no row twice in the stream");
     let mut expected = Vec::new();
