@@ -4,6 +4,7 @@
 //! [`Engine::execute`]) and starts, stops and watches one tokio task per running sink.
 
 pub mod aggregate;
+pub mod operator;
 pub mod progress;
 pub mod query;
 pub mod tables;

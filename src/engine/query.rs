@@ -24,6 +24,7 @@ use super::aggregate::{
     AggregateBatch, AggregateInfo, AggregateOperator, EventTimeStats, KeyTime, OutputMode,
     WindowKind, part_above, stateless_part,
 };
+use super::operator::StatefulOperator;
 use super::progress::{
     EventTimeProgress, Progress, Registry, SinkProgress, SourceProgress, StateOperatorProgress,
     Status, round_rate,
@@ -496,7 +497,7 @@ struct Runner {
     sink: Box<dyn Sink>,
     shape: SinkShape,
     write_mode: WriteMode,
-    operator: Option<AggregateOperator>,
+    operator: Option<Box<dyn StatefulOperator>>,
     ctx: SessionContext,
     registry: Arc<Registry>,
     run_id: Uuid,
@@ -595,7 +596,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         Some(info) => {
             let pre_schema = stateless_schema(&ctx, &shape.sql, &task.stream).await?;
             let dir = ckpt.root().join("state").join("0");
-            let mut op = AggregateOperator::try_new(
+            let op = AggregateOperator::try_new(
                 info.clone(),
                 mode,
                 &pre_schema,
@@ -603,8 +604,9 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                 |layout| crate::state::open(def.state_store, &dir, layout),
             )
             .await?;
+            let mut op: Box<dyn StatefulOperator> = Box::new(op);
             // Batch N reads state version N.
-            op.state_mut().load(next_batch)?;
+            op.load(next_batch)?;
             Some(op)
         }
     };
@@ -859,7 +861,7 @@ impl Runner {
                     }
                 }
                 let mut agg = op
-                    .process(pre_rows, b.late_watermark_ms * 1000, b.watermark_ms * 1000)
+                    .process_batch(pre_rows, b.late_watermark_ms * 1000, b.watermark_ms * 1000)
                     .await?;
                 let emitted = std::mem::take(&mut agg.emitted);
                 // Batch N commits state version N + 1.
@@ -932,17 +934,11 @@ impl Runner {
         let state_operators = match &stats.state {
             None => vec![],
             Some((m, agg)) => vec![StateOperatorProgress {
-                operator_name: match self
-                    .shape
-                    .aggregate
+                operator_name: self
+                    .operator
                     .as_ref()
-                    .and_then(|a| a.window.as_ref())
-                {
-                    Some(w) if matches!(w.kind, WindowKind::Session { .. }) => {
-                        "sessionWindowStateStoreSaveExec".into()
-                    }
-                    _ => "stateStoreSave".into(),
-                },
+                    .map_or("stateStoreSave", |o| o.name())
+                    .into(),
                 num_rows_total: m.rows_total,
                 num_rows_updated: agg.rows_updated,
                 all_updates_time_ms: agg.all_updates_ms,

@@ -23,6 +23,7 @@ use datafusion_postgres::datafusion_pg_catalog::pg_catalog::context::EmptyContex
 use datafusion_postgres::datafusion_pg_catalog::setup_pg_catalog;
 use datafusion_postgres::pgwire;
 use futures::Sink;
+use futures::SinkExt;
 use pgwire::api::auth::StartupHandler;
 use pgwire::api::auth::noop::NoopStartupHandler;
 use pgwire::api::cancel::{CancelHandler, DefaultCancelHandler};
@@ -30,10 +31,13 @@ use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
 use pgwire::api::results::{FieldInfo, Response, Tag};
 use pgwire::api::stmt::QueryParser;
+use pgwire::api::store::Entry;
 use pgwire::api::store::PortalStore;
 use pgwire::api::{ClientInfo, ClientPortalStore, ConnectionManager, PgWireServerHandlers, Type};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::PgWireBackendMessage;
+use pgwire::messages::data::{NoData, ParameterDescription};
+use pgwire::messages::extendedquery::{Describe, TARGET_TYPE_BYTE_STATEMENT};
 use tokio::net::TcpListener;
 
 mod copy;
@@ -359,6 +363,13 @@ impl QueryParser for TidemarkParser {
             };
             return arrow_schema_to_pg_fields(&schema, format, None);
         }
+        // An INSERT returns no rows (Postgres answers Describe with NoData); DataFusion's
+        // plan has a `count` column, which made pgjdbc read a batch's update counts as 0.
+        if let (_, Some((datafusion::sql::sqlparser::ast::Statement::Insert(i), _))) = stmt
+            && i.returning.is_none()
+        {
+            return Ok(vec![]);
+        }
         self.inner.get_result_schema(stmt, column_format)
     }
 }
@@ -370,6 +381,39 @@ impl ExtendedQueryHandler for TidemarkService {
 
     fn query_parser(&self) -> Arc<Self::QueryParser> {
         self.parser.clone()
+    }
+
+    /// As pgwire's, except that a statement with parameters and no result columns (an
+    /// `INSERT … VALUES ($1, …)`) answers ParameterDescription then NoData, as Postgres
+    /// does. pgwire sends an empty RowDescription there, which made pgjdbc read every
+    /// batch update count as 0.
+    async fn on_describe<C>(&self, client: &mut C, message: Describe) -> PgWireResult<()>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        if message.target_type == TARGET_TYPE_BYTE_STATEMENT {
+            let name = message.name.as_deref().unwrap_or("");
+            if let Some(Entry::Value(stmt)) = client.portal_store().get_statement(name) {
+                let d = self.do_describe_statement(client, &stmt).await?;
+                if d.fields.is_empty() && !d.parameters.is_empty() {
+                    let oids = d.parameters.iter().map(|t| t.oid()).collect();
+                    client
+                        .send(PgWireBackendMessage::ParameterDescription(
+                            ParameterDescription::new(oids),
+                        ))
+                        .await?;
+                    client
+                        .send(PgWireBackendMessage::NoData(NoData::new()))
+                        .await?;
+                    return Ok(());
+                }
+                return pgwire::api::query::send_describe_response(client, &d).await;
+            }
+        }
+        self._on_describe(client, message).await
     }
 
     async fn do_query<C>(

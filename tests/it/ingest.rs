@@ -1,6 +1,7 @@
 //! Streams fed over the wire, against a real server process: INSERT with parameters and
 //! COPY through the extended protocol (tokio-postgres), psycopg's `executemany` and
-//! `copy`, and SIGKILL while concurrent INSERT and COPY clients run.
+//! `copy`, pgjdbc's `executeBatch`, and SIGKILL while concurrent INSERT and COPY clients
+//! run.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -103,6 +104,23 @@ async fn insert_and_copy_through_the_extended_protocol_and_psycopg() {
         .chain(1000..1100)
         .chain(2000..2300)
         .collect();
+    assert_eq!(ids(&client, "SELECT id FROM events").await, want);
+
+    // pgjdbc: a batch of prepared INSERTs, each with update count 1 (CI installs Java and
+    // Debian's libpostgresql-jdbc-java).
+    let java = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/JdbcIngest.java");
+    let out = std::process::Command::new("java")
+        .args(["-cp", "/usr/share/java/postgresql.jar", java])
+        .arg(server.port.to_string())
+        .output()
+        .expect("run java (apt-get install default-jre-headless libpostgresql-jdbc-java)");
+    assert!(
+        out.status.success(),
+        "pgjdbc ingest failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let want: Vec<i64> = want.into_iter().chain(5000..5100).collect();
     assert_eq!(ids(&client, "SELECT id FROM events").await, want);
     server.stop().await;
 }

@@ -1,0 +1,80 @@
+//! The stateful-operator contract, in the spirit of Arroyo's `ArrowOperator`: one trait
+//! with the lifecycle a micro-batch drives. The trigger loop knows operators only through
+//! it; the window aggregate (`engine::aggregate`) is the first implementation. Dedup and
+//! joins are next behind the same trait.
+//!
+//! Per batch `N`: `process_batch` (late rows judged by `WM(N-1)`, emission and eviction by
+//! `WM(N)`), `commit(N + 1)` before the sink, `maintain` after the commit log. At a start,
+//! `load(N)` reads the state version batch `N` starts from.
+
+use async_trait::async_trait;
+use datafusion::arrow::record_batch::RecordBatch;
+
+use super::aggregate::{AggregateBatch, AggregateOperator, WindowKind};
+use crate::error::Result;
+use crate::state::StateMetrics;
+use crate::types::BatchId;
+
+/// What one batch did in an operator: its output rows and the counters progress reports.
+pub type OperatorBatch = AggregateBatch;
+
+#[async_trait]
+pub trait StatefulOperator: Send {
+    /// Spark's name for the operator in progress reports (`stateStoreSave`, ...).
+    fn name(&self) -> &'static str;
+
+    /// Whether a moved watermark alone makes a (no-data) batch due (spec §1.3).
+    fn wants_no_data_batches(&self) -> bool;
+
+    /// Loads the state version batch `version` starts from.
+    fn load(&mut self, version: BatchId) -> Result<()>;
+
+    /// Processes one batch's rows; times in microseconds.
+    async fn process_batch(
+        &mut self,
+        rows: Vec<RecordBatch>,
+        late_watermark_us: i64,
+        watermark_us: i64,
+    ) -> Result<OperatorBatch>;
+
+    /// Commits the state as `version` (batch N commits N + 1); the state's metrics.
+    fn commit(&mut self, version: BatchId) -> Result<StateMetrics>;
+
+    /// Snapshots and removal of old versions, after the commit log.
+    fn maintain(&mut self) -> Result<()>;
+}
+
+#[async_trait]
+impl StatefulOperator for AggregateOperator {
+    fn name(&self) -> &'static str {
+        match self.info().window.as_ref().map(|w| w.kind) {
+            Some(WindowKind::Session { .. }) => "sessionWindowStateStoreSaveExec",
+            _ => "stateStoreSave",
+        }
+    }
+
+    fn wants_no_data_batches(&self) -> bool {
+        AggregateOperator::wants_no_data_batches(self)
+    }
+
+    fn load(&mut self, version: BatchId) -> Result<()> {
+        self.state_mut().load(version)
+    }
+
+    async fn process_batch(
+        &mut self,
+        rows: Vec<RecordBatch>,
+        late_watermark_us: i64,
+        watermark_us: i64,
+    ) -> Result<OperatorBatch> {
+        self.process(rows, late_watermark_us, watermark_us).await
+    }
+
+    fn commit(&mut self, version: BatchId) -> Result<StateMetrics> {
+        AggregateOperator::commit(self, version)
+    }
+
+    fn maintain(&mut self) -> Result<()> {
+        AggregateOperator::maintain(self)
+    }
+}
