@@ -155,17 +155,7 @@ impl StreamDef {
                 "options \"header\" and \"delimiter\" apply only to format 'csv'",
             ));
         }
-        let path = options.get("path").ok_or_else(|| Error::InvalidOption {
-            message: "missing required option \"path\" for a file stream".into(),
-            hint: Some("Add path = '/directory/where/files/land'.".into()),
-        })?;
-        let path = PathBuf::from(path);
-        if !path.is_absolute() {
-            return Err(Error::invalid_option(format!(
-                "path \"{}\" must be absolute",
-                path.display()
-            )));
-        }
+        let path = required_path(&options, "a file stream", "/directory/where/files/land")?;
         if check_path && !path.is_dir() {
             return Err(Error::InvalidOption {
                 message: format!("path \"{}\" is not a directory", path.display()),
@@ -423,9 +413,14 @@ impl StreamDef {
 
 /// The `path` of a Delta stream: required, absolute.
 pub fn delta_path(options: &Options) -> Result<PathBuf> {
+    required_path(options, "a delta stream", "/the/delta/table")
+}
+
+/// A required, absolute `path` option of `what`.
+fn required_path(options: &Options, what: &str, example: &str) -> Result<PathBuf> {
     let path = options.get("path").ok_or_else(|| Error::InvalidOption {
-        message: "missing required option \"path\" for a delta stream".into(),
-        hint: Some("Add path = '/the/delta/table'.".into()),
+        message: format!("missing required option \"path\" for {what}"),
+        hint: Some(format!("Add path = '{example}'.")),
     })?;
     let path = PathBuf::from(path);
     if !path.is_absolute() {

@@ -629,7 +629,6 @@ pub struct TableSource {
     fixed_end: Option<u64>,
     /// A sink's `max_rows_per_trigger` overrides the stream's.
     max_rows_per_trigger: Option<u64>,
-    rows_read: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl TableSource {
@@ -644,7 +643,6 @@ impl TableSource {
             log,
             reader: reader.to_string(),
             fixed_end: None,
-            rows_read: Default::default(),
         })
     }
 }
@@ -688,14 +686,7 @@ impl Source for TableSource {
 
     async fn read(&self, start: Option<&Offset>, end: &Offset) -> Result<BatchStream> {
         let start = start.map(row_offset).transpose()?;
-        let end = row_offset(end)?;
-        let (first, _) = self.log.bounds();
-        let from = start.unwrap_or(first);
-        self.rows_read.store(
-            end.saturating_sub(from),
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        self.log.read(start, end)
+        self.log.read(start, row_offset(end)?)
     }
 
     async fn commit(&mut self, end: &Offset) -> Result<()> {
