@@ -149,9 +149,8 @@ async fn sigkill_mid_available_now_loses_and_duplicates_nothing() {
     let landing = tmp.path().join("landing");
     land_files(&landing);
     let data_dir = tmp.path().join("data");
-    let port = free_port();
-
-    let server = TestServer::start(&data_dir, port, &[]).await;
+    let server = TestServer::start(&data_dir, 0, &[]).await;
+    let port = server.port;
     let client = server.connect().await;
     create_pipeline(&client, &landing).await;
     let killed_after = poll("a few batches", || async {
@@ -186,9 +185,9 @@ async fn crash_then_finish(
     let landing = tmp.path().join("landing");
     land_files(&landing);
     let data_dir = tmp.path().join("data");
-    let port = free_port();
     let spec = format!("{point}@6");
-    let mut server = TestServer::start(&data_dir, port, &[("TIDEMARK_CRASH_AT", &spec)]).await;
+    let mut server = TestServer::start(&data_dir, 0, &[("TIDEMARK_CRASH_AT", &spec)]).await;
+    let port = server.port;
     let client = server.connect().await;
     create_pipeline_into(&client, &landing, connector).await;
     let status = server.wait_exit().await;

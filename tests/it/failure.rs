@@ -7,7 +7,7 @@ use std::path::Path;
 
 use tokio_postgres::Client;
 
-use crate::harness::{TestServer, free_port, poll};
+use crate::harness::{TestServer, poll};
 
 fn land(dir: &Path, name: &str, ids: std::ops::Range<i64>) {
     let text: String = ids.map(|i| format!("{{\"id\":{i}}}\n")).collect();
@@ -70,12 +70,8 @@ async fn a_simulated_write_failure_fails_one_sink_and_start_retries() {
     let landing = tmp.path().join("in");
     std::fs::create_dir_all(&landing).unwrap();
     let data_dir = tmp.path().join("data");
-    let server = TestServer::start(
-        &data_dir,
-        free_port(),
-        &[("TIDEMARK_FAIL_AT", "sink_write:copy@2")],
-    )
-    .await;
+    let server =
+        TestServer::start(&data_dir, 0, &[("TIDEMARK_FAIL_AT", "sink_write:copy@2")]).await;
     let client = server.connect().await;
     setup(&client, &landing, &tmp.path().join("copy")).await;
     land(&landing, "1.json", 0..100);
@@ -124,7 +120,7 @@ async fn a_read_only_table_folder_fails_one_sink_and_start_retries() {
         std::fs::create_dir_all(d).unwrap();
         std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o777)).unwrap();
     }
-    let server = TestServer::start_as(&data_dir, free_port(), &[], server_uid()).await;
+    let server = TestServer::start_as(&data_dir, 0, &[], server_uid()).await;
     let client = server.connect().await;
     setup(&client, &landing, &table).await;
     land(&landing, "1.json", 0..100);

@@ -30,7 +30,9 @@ pub struct TestServer {
 }
 
 impl TestServer {
-    /// Starts `tidemark serve` on `data_dir` and waits until it accepts connections.
+    /// Starts `tidemark serve` on `data_dir` and waits until it accepts connections. Port 0
+    /// lets the server pick one; `port` then holds the one it bound (a restart passes it
+    /// back to come up on the same port).
     pub async fn start(data_dir: &Path, port: u16, env: &[(&str, &str)]) -> TestServer {
         Self::start_as(data_dir, port, env, None).await
     }
@@ -70,22 +72,23 @@ impl TestServer {
         let mut child = cmd.spawn().expect("spawn tidemark");
         let stdout = child.stdout.take().expect("stdout");
         let mut lines = BufReader::new(stdout).lines();
+        // The server prints the address it bound: with port 0, that is how the port is read.
         let ready = tokio::time::timeout(DEADLINE, async {
             while let Ok(Some(line)) = lines.next_line().await {
-                if line.starts_with("listening on ") {
-                    return true;
+                if let Some(addr) = line.strip_prefix("listening on ") {
+                    return addr.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
                 }
             }
-            false
+            None
         })
         .await;
-        if ready != Ok(true) {
+        let Ok(Some(port)) = ready else {
             let _ = child.kill().await;
             panic!(
                 "tidemark did not start on port {port}; log:\n{}",
                 std::fs::read_to_string(&log).unwrap_or_default()
             );
-        }
+        };
         // Keep draining stdout so the child never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         TestServer { child, port, log }

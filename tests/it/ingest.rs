@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use futures::SinkExt;
 use tokio_postgres::Client;
 
-use crate::harness::{Rng, TestServer, free_port, poll};
+use crate::harness::{Rng, TestServer, poll};
 
 const STREAM: &str = "CREATE STREAM events (id BIGINT NOT NULL, ts TIMESTAMP, v DOUBLE PRECISION)";
 
@@ -41,7 +41,7 @@ async fn copy_rows(client: &Client, rows: &[i64]) -> Result<u64, tokio_postgres:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn insert_and_copy_through_the_extended_protocol_and_psycopg() {
     let tmp = tempfile::tempdir().unwrap();
-    let server = TestServer::start(&tmp.path().join("data"), free_port(), &[]).await;
+    let server = TestServer::start(&tmp.path().join("data"), 0, &[]).await;
     let client = server.connect().await;
     client.batch_execute(STREAM).await.unwrap();
 
@@ -135,8 +135,8 @@ struct Sent {
 async fn sigkill_during_concurrent_inserts_and_copies_loses_and_duplicates_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let data_dir = tmp.path().join("data");
-    let port = free_port();
-    let server = TestServer::start(&data_dir, port, &[]).await;
+    let server = TestServer::start(&data_dir, 0, &[]).await;
+    let port = server.port;
     let admin = server.connect().await;
     admin.batch_execute(STREAM).await.unwrap();
     // Two queries over the stream: a stateless copy and a per-id count.

@@ -361,7 +361,7 @@ async fn rate_micro_batch_matches_spark() {
     let offsets: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("offsets.json")).unwrap()).unwrap();
     let tmp = tempfile::tempdir().unwrap();
-    let server = TestServer::start(&tmp.path().join("data"), free_port(), &[]).await;
+    let server = TestServer::start(&tmp.path().join("data"), 0, &[]).await;
     let client = server.connect().await;
     client
         .batch_execute(

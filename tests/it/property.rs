@@ -16,7 +16,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use crate::harness::{Rng, TestServer, free_port, poll};
+use crate::harness::{Rng, TestServer, poll};
 
 const BASE_MS: i64 = 1_781_085_600_000; // 2026-06-10T10:00:00Z
 const MINUTE: i64 = 60_000;
@@ -149,7 +149,7 @@ async fn check(seed: u64) {
     let tmp = tempfile::tempdir().unwrap();
     let landing = tmp.path().join("landing");
     write_files(&s, &landing);
-    let server = TestServer::start(&tmp.path().join("data"), free_port(), &[]).await;
+    let server = TestServer::start(&tmp.path().join("data"), 0, &[]).await;
     let client = server.connect().await;
     client
         .batch_execute(&format!(

@@ -21,7 +21,7 @@ use sqllogictest::{AsyncDB, DBOutput, DefaultColumnType, Runner};
 use tokio::sync::Mutex;
 use tokio_postgres::{Client, SimpleQueryMessage};
 
-use crate::harness::{TestServer, connect, free_port};
+use crate::harness::{TestServer, connect};
 
 /// The server of one slt file, shared by its connections.
 struct Shared {
@@ -148,12 +148,15 @@ impl AsyncDB for SltDb {
 
 async fn run_file(path: &Path) -> Result<(), String> {
     let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+    // Started here on port 0, so the port is known before the file runs.
+    let data_dir = tmp.path().join("data");
+    let server = TestServer::start(&data_dir, 0, &[]).await;
+    let port = server.port;
     let shared = Arc::new(Mutex::new(Shared {
-        server: None,
-        data_dir: tmp.path().join("data"),
-        port: free_port(),
+        server: Some(server),
+        data_dir,
+        port,
     }));
-    let port = shared.lock().await.port;
     let for_conn = shared.clone();
     let mut runner = Runner::new(move || {
         let shared = for_conn.clone();

@@ -3,7 +3,7 @@
 
 use tokio_postgres::types::Type;
 
-use crate::harness::{TestServer, free_port};
+use crate::harness::TestServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extended_protocol_types_errors_and_psql() {
@@ -15,7 +15,7 @@ async fn extended_protocol_types_errors_and_psql() {
         "{\"user_id\":\"u1\",\"page\":\"/home\",\"event_time\":\"2026-06-10T10:01:00Z\",\"duration_s\":12.5}\n",
     )
     .unwrap();
-    let server = TestServer::start(&tmp.path().join("data"), free_port(), &[]).await;
+    let server = TestServer::start(&tmp.path().join("data"), 0, &[]).await;
     let client = server.connect().await;
 
     // Parameters and types through Parse/Bind/Execute.
