@@ -191,12 +191,7 @@ impl StreamDef {
         }
         check_columns(&name, &columns, watermark.as_ref())?;
         // Spark makes every file-source field nullable (spec §10.1).
-        let schema: SchemaRef = Arc::new(Schema::new(
-            columns
-                .iter()
-                .map(|c| Field::new(&c.name, c.data_type.clone(), true))
-                .collect::<Vec<_>>(),
-        ));
+        let schema = schema_of(&columns, |_| true);
         if let Some(c) = columns.iter().find(|c| c.name == CORRUPT_RECORD)
             && c.data_type != DataType::Utf8
         {
@@ -231,12 +226,7 @@ impl StreamDef {
     ) -> Result<StreamDef> {
         options.check_known("a table stream", TABLE_OPTIONS)?;
         check_columns(&name, &columns, watermark.as_ref())?;
-        let schema: SchemaRef = Arc::new(Schema::new(
-            columns
-                .iter()
-                .map(|c| Field::new(&c.name, c.data_type.clone(), !c.not_null))
-                .collect::<Vec<_>>(),
-        ));
+        let schema = schema_of(&columns, |c| !c.not_null);
         let retention = options
             .get("retention")
             .map(crate::sql::options::parse_duration)
@@ -374,12 +364,7 @@ impl StreamDef {
         )?;
         let path = delta_path(&options)?;
         check_columns(&name, &columns, watermark.as_ref())?;
-        let schema: SchemaRef = Arc::new(Schema::new(
-            columns
-                .iter()
-                .map(|c| Field::new(&c.name, c.data_type.clone(), true))
-                .collect::<Vec<_>>(),
-        ));
+        let schema = schema_of(&columns, |_| true);
         let config = DeltaSourceConfig {
             path,
             schema,
@@ -409,6 +394,16 @@ impl StreamDef {
     pub fn schema(&self) -> SchemaRef {
         self.source().schema()
     }
+}
+
+/// The Arrow schema of declared columns, each field's nullability given by `nullable`.
+fn schema_of(columns: &[ColumnSpec], nullable: impl Fn(&ColumnSpec) -> bool) -> SchemaRef {
+    Arc::new(Schema::new(
+        columns
+            .iter()
+            .map(|c| Field::new(&c.name, c.data_type.clone(), nullable(c)))
+            .collect::<Vec<_>>(),
+    ))
 }
 
 /// The `path` of a Delta stream: required, absolute.
