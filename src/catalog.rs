@@ -501,8 +501,10 @@ pub struct SinkDef {
     pub query: String,
     /// The options as written.
     pub options: Options,
-    /// The stream the query reads.
-    pub stream: String,
+    /// The streams the query reads, in the order its plan numbers its sources. Catalogs
+    /// written before several streams per sink have one `stream`.
+    #[serde(alias = "stream", deserialize_with = "one_or_many")]
+    pub streams: Vec<String>,
     /// Where the Delta table lives.
     pub path: PathBuf,
     /// The checkpoint directory.
@@ -529,6 +531,21 @@ impl SinkDef {
     pub fn connector(&self) -> Result<crate::sink::SinkConnector> {
         crate::sink::SinkConnector::parse(self.options.get("connector").unwrap_or("delta"))
     }
+}
+
+fn one_or_many<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
+    })
 }
 
 /// `state_partitions` when the sink does not say.

@@ -1,16 +1,15 @@
 //! Incremental aggregation with event-time windows, watermarks and output modes
 //! (spec §3, §4, §5.4).
 //!
-//! A sink's query is planned by DataFusion; its one `Aggregate` node splits it in three:
-//!
-//! - the **stateless part** below the aggregate, run over each batch's rows;
-//! - the **stateful operator** ([`AggregateOperator`]): window assignment, the late-row
-//!   filter, a Partial aggregation of the batch, merged (PartialReduce) with the stored
-//!   partial states of the groups it touched, and the emit rule of the output mode, which
-//!   runs Final over the groups to emit. State is the aggregates' partial state
-//!   (DataFusion accumulators' `state`), never raw rows.
-//! - the **part above** (projection, HAVING, ORDER BY in complete mode), run over the
-//!   emitted groups by putting them where the `Aggregate` was.
+//! Each `Aggregate` of a sink's plan becomes a `StatefulAggregate` node (`engine::plan`)
+//! whose execution runs an [`AggregateOperator`] over the rows its input produced in the
+//! batch: window assignment, the late-row filter, a Partial aggregation of the batch,
+//! merged (PartialReduce) with the stored partial states of the groups it touched, and the
+//! emit rule of the output mode, which runs Final over the groups to emit. State is the
+//! aggregates' partial state (DataFusion accumulators' `state`), never raw rows. The
+//! emitted rows have the `Aggregate`'s shape, so the plan above runs over them unchanged.
+//! [`analyze_aggregate`] and [`check_plan`] hold Spark's rules for one aggregation and
+//! for a whole query.
 
 use std::sync::Arc;
 
@@ -20,9 +19,8 @@ use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef
 use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, DFSchema, ScalarValue};
-use datafusion::datasource::MemTable;
 use datafusion::datasource::memory::MemorySourceConfig;
-use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, col};
+use datafusion::logical_expr::{Expr, LogicalPlan, col};
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode, PhysicalGroupBy};
 use datafusion::physical_plan::udaf::AggregateFunctionExpr;
 use datafusion::physical_plan::{ExecutionPlan, PhysicalExpr, collect};
@@ -105,8 +103,6 @@ pub struct AggregateInfo {
     pub group_names: Vec<String>,
     /// How lateness and eviction are judged; `None` = never.
     pub key_time: Option<KeyTime>,
-    /// The watermarked column, if the query has a watermark.
-    pub watermark_column: Option<String>,
     /// Output columns that identify a group (for update mode's MERGE), if complete.
     pub output_keys: Option<Vec<String>>,
 }
@@ -130,20 +126,9 @@ fn literal(e: &Expr) -> Option<ScalarValue> {
     }
 }
 
-/// Finds the query's aggregation and checks it against Spark's rules for `mode`
-/// (spec §5.2–5.3). `Ok(None)`: a stateless query.
-pub fn analyze(
-    plan: &LogicalPlan,
-    watermark_column: Option<&str>,
-    mode: OutputMode,
-) -> Result<Option<AggregateInfo>> {
-    let mut aggregates = Vec::new();
-    plan.apply_with_subqueries(|node| {
-        if let LogicalPlan::Aggregate(a) = node {
-            aggregates.push(a.clone());
-        }
-        Ok(TreeNodeRecursion::Continue)
-    })?;
+/// Checks a whole query against Spark's rules for `mode` that are not about one
+/// aggregation (spec §5.2 rules 4, 14 and 16); `aggregations` is how many it has.
+pub fn check_plan(plan: &LogicalPlan, aggregations: usize, mode: OutputMode) -> Result<()> {
     // Sorting is allowed only after an aggregation in complete mode (rule 14).
     let mut sorted = false;
     plan.apply(|node| {
@@ -152,7 +137,7 @@ pub fn analyze(
         }
         Ok(TreeNodeRecursion::Continue)
     })?;
-    if sorted && (mode != OutputMode::Complete || aggregates.is_empty()) {
+    if sorted && (mode != OutputMode::Complete || aggregations == 0) {
         return Err(Error::Unsupported {
             message: "ORDER BY on a stream is supported only after an aggregation in complete \
                       output mode"
@@ -160,29 +145,46 @@ pub fn analyze(
             hint: Some("Use output_mode = 'complete', or sort when you read the table.".into()),
         });
     }
-    let agg = match aggregates.len() {
-        0 => {
-            if mode == OutputMode::Complete {
-                return Err(Error::Unsupported {
-                    message: "output mode \"complete\" is not supported when there are no \
-                              streaming aggregations"
-                        .into(),
-                    hint: Some("Use output_mode = 'append' for a query without GROUP BY.".into()),
-                });
-            }
-            return Ok(None);
-        }
-        1 => aggregates.remove(0),
-        _ => {
-            return Err(Error::unsupported(
-                "several aggregations in one sink are not supported yet",
-            ));
-        }
-    };
+    if aggregations == 0 && mode == OutputMode::Complete {
+        return Err(Error::Unsupported {
+            message: "output mode \"complete\" is not supported when there are no streaming \
+                      aggregations"
+                .into(),
+            hint: Some("Use output_mode = 'append' for a query without GROUP BY.".into()),
+        });
+    }
+    // An aggregation below another emits rows the upper one would judge against the
+    // global watermark; Spark allows the chain only when every operator appends (rule 16).
+    if aggregations > 1 && mode != OutputMode::Append {
+        return Err(Error::Unsupported {
+            message: format!(
+                "several streaming aggregations in one query are supported only in append \
+                 output mode, not {}",
+                mode.as_str()
+            ),
+            hint: Some(
+                "Use output_mode = 'append' with a watermarked window at every level \
+                 (window(window_time(w), ...) over the lower aggregation's window w)."
+                    .into(),
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Analyses one aggregation (its group and aggregate expressions) against Spark's rules for
+/// `mode` (spec §5.2–5.3). `marked` are the input columns that carry the watermark mark
+/// (spec §3.1). `output_keys` is left to the caller.
+pub fn analyze_aggregate(
+    group_expr: &[Expr],
+    aggr_expr: &[Expr],
+    marked: &[String],
+    mode: OutputMode,
+) -> Result<AggregateInfo> {
     let mut window = None;
     let mut keys = Vec::new();
     let mut group_names = Vec::new();
-    for (i, g) in agg.group_expr.iter().enumerate() {
+    for (i, g) in group_expr.iter().enumerate() {
         group_names.push(g.human_display().to_string());
         match g.clone().unalias() {
             Expr::GroupingSet(_) => {
@@ -249,8 +251,7 @@ pub fn analyze(
             _ => keys.push(unqualify(g)?),
         }
     }
-    let aggregates_exprs = agg
-        .aggr_expr
+    let aggregates_exprs = aggr_expr
         .iter()
         .map(unqualify)
         .collect::<Result<Vec<_>>>()?;
@@ -272,19 +273,18 @@ pub fn analyze(
             });
         }
     }
-    let key_time = match (&window, watermark_column) {
-        (Some(w), Some(wm)) if w.time_column == wm => Some(KeyTime::Window),
-        (_, Some(wm)) => keys
+    let key_time = match &window {
+        Some(w) if marked.contains(&w.time_column) => Some(KeyTime::Window),
+        _ => keys
             .iter()
-            .position(|k| matches!(k, Expr::Column(c) if c.name == wm))
+            .position(|k| matches!(k, Expr::Column(c) if marked.contains(&c.name)))
             .map(KeyTime::Column),
-        _ => None,
     };
     if mode == OutputMode::Append && key_time.is_none() {
         let time = window
             .as_ref()
             .map(|w| w.time_column.clone())
-            .or_else(|| watermark_column.map(str::to_string))
+            .or_else(|| marked.first().cloned())
             .unwrap_or_else(|| "the event time".into());
         return Err(Error::Unsupported {
             message: "append output mode is not supported for a streaming aggregation without \
@@ -297,8 +297,30 @@ pub fn analyze(
             )),
         });
     }
-    let output_keys = find_output_keys(plan, &agg, window.as_ref());
-    if mode == OutputMode::Update && output_keys.is_none() {
+    Ok(AggregateInfo {
+        window,
+        keys,
+        aggregates: aggregates_exprs,
+        group_names,
+        key_time,
+        output_keys: None,
+    })
+}
+
+/// Sets the top aggregation's `output_keys`, which update mode needs to MERGE by.
+pub fn set_output_keys(
+    info: &mut AggregateInfo,
+    plan: &LogicalPlan,
+    agg_schema: &DFSchema,
+    mode: OutputMode,
+) -> Result<()> {
+    info.output_keys = find_output_keys(
+        plan,
+        agg_schema,
+        info.group_names.len(),
+        info.window.as_ref(),
+    );
+    if mode == OutputMode::Update && info.output_keys.is_none() {
         return Err(Error::Unsupported {
             message: "update mode into Delta needs every group key in the sink's columns".into(),
             hint: Some(
@@ -307,22 +329,15 @@ pub fn analyze(
             ),
         });
     }
-    Ok(Some(AggregateInfo {
-        window,
-        keys,
-        aggregates: aggregates_exprs,
-        group_names,
-        key_time,
-        watermark_column: watermark_column.map(str::to_string),
-        output_keys,
-    }))
+    Ok(())
 }
 
 /// The output columns that are group keys: each non-window key selected as is, and the
 /// window's start (or end). `None` if a key is missing.
 fn find_output_keys(
     plan: &LogicalPlan,
-    agg: &datafusion::logical_expr::Aggregate,
+    agg_schema: &DFSchema,
+    n_groups: usize,
     window: Option<&WindowKey>,
 ) -> Option<Vec<String>> {
     let mut top = plan;
@@ -332,8 +347,8 @@ fn find_output_keys(
     let LogicalPlan::Projection(p) = top else {
         return None;
     };
-    let group_fields: Vec<String> = (0..agg.group_expr.len())
-        .map(|i| agg.schema.field(i).name().clone())
+    let group_fields: Vec<String> = (0..n_groups)
+        .map(|i| agg_schema.field(i).name().clone())
         .collect();
     let mut found = vec![false; group_fields.len()];
     let mut out = Vec::new();
@@ -818,7 +833,7 @@ impl AggregateOperator {
     }
 }
 
-type ArrayRefs = Vec<ArrayRef>;
+pub type ArrayRefs = Vec<ArrayRef>;
 
 /// Index of the key-time column in state rows, and in the aggregation's input rows.
 fn key_time_columns(info: &AggregateInfo, input_schema: &Schema) -> Option<(usize, usize)> {
@@ -834,64 +849,6 @@ fn key_time_columns(info: &AggregateInfo, input_schema: &Schema) -> Option<(usiz
             Some((i + window_cols, input_idx))
         }
     }
-}
-
-/// The stateless part of a plan: the `Aggregate`'s input.
-pub fn stateless_part(plan: &LogicalPlan) -> Option<LogicalPlan> {
-    let mut found = None;
-    let _ = plan.apply(|node| {
-        if let LogicalPlan::Aggregate(a) = node {
-            found = Some(a.input.as_ref().clone());
-            return Ok(TreeNodeRecursion::Stop);
-        }
-        Ok(TreeNodeRecursion::Continue)
-    });
-    found
-}
-
-/// The part above: `plan` with its `Aggregate` replaced by the emitted rows.
-pub fn part_above(plan: &LogicalPlan, emitted: Vec<ArrayRefs>) -> Result<LogicalPlan> {
-    let mut agg_schema = None;
-    let _ = plan.apply(|node| {
-        if let LogicalPlan::Aggregate(a) = node {
-            agg_schema = Some(a.schema.clone());
-            return Ok(TreeNodeRecursion::Stop);
-        }
-        Ok(TreeNodeRecursion::Continue)
-    });
-    let agg_schema = agg_schema.ok_or_else(|| Error::Internal("no aggregate".into()))?;
-    let fields: Vec<Field> = agg_schema
-        .fields()
-        .iter()
-        .enumerate()
-        .map(|(i, f)| Field::new(format!("c{i}"), f.data_type().clone(), true))
-        .collect();
-    let schema = Arc::new(Schema::new(fields));
-    let batches = emitted
-        .iter()
-        .map(|cols| super::cast_to_schema(cols, &schema))
-        .collect::<Result<Vec<_>>>()?;
-    let table = MemTable::try_new(schema.clone(), vec![batches])?;
-    let exprs: Vec<Expr> = agg_schema
-        .iter()
-        .enumerate()
-        .map(|(i, (q, f))| {
-            col(Column::new(Some("__emitted"), format!("c{i}")))
-                .alias_qualified(q.cloned(), f.name())
-        })
-        .collect();
-    let replacement = LogicalPlanBuilder::scan(
-        "__emitted",
-        datafusion::datasource::provider_as_source(Arc::new(table)),
-        None,
-    )?
-    .project(exprs)?
-    .build()?;
-    let out = plan.clone().transform_up(|node| match node {
-        LogicalPlan::Aggregate(_) => Ok(Transformed::yes(replacement.clone())),
-        other => Ok(Transformed::no(other)),
-    })?;
-    Ok(out.data)
 }
 
 /// Event-time statistics of a batch (spec §12.1 `eventTime`), in microseconds.
@@ -919,6 +876,21 @@ impl EventTimeStats {
             self.count += 1;
         }
         Ok(())
+    }
+
+    /// Adds another node's statistics (progress reports one `eventTime` per query).
+    pub fn merge(&mut self, o: &EventTimeStats) {
+        if o.count == 0 {
+            return;
+        }
+        if self.count == 0 {
+            *self = *o;
+            return;
+        }
+        self.min = self.min.min(o.min);
+        self.max = self.max.max(o.max);
+        self.sum += o.sum;
+        self.count += o.count;
     }
 
     pub fn avg(&self) -> Option<i64> {

@@ -5,6 +5,7 @@
 
 pub mod aggregate;
 pub mod operator;
+pub mod plan;
 pub mod progress;
 pub mod query;
 pub mod tables;
@@ -34,6 +35,7 @@ use crate::sql::options::{Trigger, format_duration};
 use crate::sql::parser::{CreateSink, CreateStream, TidemarkStatement, parse_watermark_option};
 use crate::sql::types::arrow_to_sql;
 use aggregate::OutputMode;
+use plan::StateConfig;
 use progress::{QueryStatus, Registry, Status};
 use query::{Outcome, QueryTask, StopReason};
 use tables::{SystemTable, TableStreamTable, queries_batch, queries_schema};
@@ -236,18 +238,14 @@ impl Engine {
         let connector = s.connector()?;
         let schema = match connector {
             // Only a file sink needs the query's schema to read its files back.
-            SinkConnector::File(_) => match cat.stream(&s.stream) {
-                Some(stream) => {
-                    let mode = OutputMode::parse(&s.output_mode)?;
-                    let wm = query::sink_watermark(s, stream)?;
-                    query::analyze_sink(&s.query, stream, wm, mode)
-                        .await?
-                        .schema
-                }
-                None => {
-                    return Err(Error::Internal("sink registered before its stream".into()));
-                }
-            },
+            SinkConnector::File(_) => {
+                let streams = sink_streams_of(s, cat)?;
+                let mode = OutputMode::parse(&s.output_mode)?;
+                let wm = query::sink_watermark(s)?;
+                query::analyze_sink(&s.query, &streams, wm.as_ref(), mode, &state_config(s))
+                    .await?
+                    .schema
+            }
             _ => Arc::new(Schema::empty()),
         };
         if let Some(table) = connector.read_table(&s.path, &schema).await? {
@@ -381,22 +379,40 @@ impl Engine {
             .unwrap_or(DEFAULT_STATE_PARTITIONS);
         let state_store =
             crate::state::StoreKind::parse(cs.options.get("state_store").unwrap_or("memory"))?;
-        let stream_name = single_stream(&crate::sql::expand_window_refs(&cs.query)?, cat)?;
-        let stream = cat
-            .stream(&stream_name)
-            .ok_or_else(|| Error::UndefinedObject {
-                kind: "stream",
-                name: stream_name.clone(),
-            })?;
+        let stream_names = sink_streams(&crate::sql::expand_window_refs(&cs.query)?, cat)?;
+        let streams = stream_names
+            .iter()
+            .map(|n| {
+                cat.stream(n).ok_or_else(|| Error::UndefinedObject {
+                    kind: "stream",
+                    name: n.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         let watermark = match cs.options.get("watermark") {
             Some(wm) => {
                 let spec = parse_watermark_option(wm)?;
-                check_watermark(&stream.columns, &spec)?;
+                // The option applies to each stream with that column; one at least.
+                let with_column: Vec<_> = streams
+                    .iter()
+                    .filter(|s| s.columns.iter().any(|c| c.name == spec.column))
+                    .collect();
+                if with_column.is_empty() {
+                    check_watermark(&streams[0].columns, &spec)?;
+                }
+                for s in with_column {
+                    check_watermark(&s.columns, &spec)?;
+                }
                 Some(spec)
             }
-            None => stream.watermark.clone(),
+            None => None,
         };
-        let shape = query::analyze_sink(&cs.query, stream, watermark, mode).await?;
+        let state = StateConfig {
+            store: state_store.as_str().to_string(),
+            partitions: state_partitions,
+        };
+        let shape =
+            query::analyze_sink(&cs.query, &streams, watermark.as_ref(), mode, &state).await?;
         let path = match cs.options.get("path") {
             Some(p) => absolute(p)?,
             None => self.data_dir.join("tables").join(&cs.name),
@@ -410,7 +426,7 @@ impl Engine {
                 name: cs.name.clone(),
                 query: cs.query.clone(),
                 options: cs.options.clone(),
-                stream: stream_name,
+                streams: stream_names,
                 path,
                 checkpoint,
                 trigger,
@@ -445,11 +461,11 @@ impl Engine {
             )));
         }
         // A checkpoint from an earlier sink must be able to serve this one (spec §9.4).
-        let stream = cat.stream(&def.stream).expect("checked by sink_def");
+        let streams = sink_streams_of(&def, &cat)?;
         crate::checkpoint::check_definition(
             &def.checkpoint,
             &def.name,
-            &query::checkpoint_definition(&def, stream, &shape),
+            &query::checkpoint_definition(&def, &streams, &shape),
         )?;
         def.connector()?
             .prepare(&def.name, &def.path, &schema)
@@ -473,8 +489,8 @@ impl Engine {
     async fn explain_sink(&self, cs: CreateSink) -> Result<Output> {
         let cat = self.catalog.lock().await;
         let (def, shape) = self.sink_def(&cat, &cs).await?;
-        let stream = cat.stream(&def.stream).expect("checked by sink_def");
-        let lines = query::explain(&def, stream, &shape).await?;
+        let streams = sink_streams_of(&def, &cat)?;
+        let lines = query::explain(&def, &streams, &shape)?;
         let schema = explain_schema();
         let col: ArrayRef = Arc::new(StringArray::from(lines));
         Ok(Output::Rows(
@@ -497,7 +513,7 @@ impl Engine {
         let dependents: Vec<String> = cat
             .sinks
             .iter()
-            .filter(|s| s.stream == name)
+            .filter(|s| s.streams.iter().any(|n| n == name))
             .map(|s| format!("sink \"{}\"", s.name))
             .collect();
         if !dependents.is_empty() {
@@ -549,12 +565,14 @@ impl Engine {
         self.ctx
             .deregister_table(TableReference::bare(name.to_string()))?;
         self.registry.remove(name);
-        // The stream's log no longer keeps rows for this query.
-        if let Some(log) = self.table_log(&def.stream)
-            && let Ok(ck) = crate::checkpoint::Checkpoint::open(&def.checkpoint)
-            && let Err(e) = log.remove_reader(&ck.id.to_string())
-        {
-            tracing::warn!(sink = %name, error = %e, "releasing the stream's log");
+        // The streams' logs no longer keep rows for this query.
+        for stream in &def.streams {
+            if let Some(log) = self.table_log(stream)
+                && let Ok(ck) = crate::checkpoint::Checkpoint::open(&def.checkpoint)
+                && let Err(e) = log.remove_reader(&ck.id.to_string())
+            {
+                tracing::warn!(sink = %name, error = %e, "releasing the stream's log");
+            }
         }
         if def.owns_checkpoint {
             let _ = std::fs::remove_dir_all(&def.checkpoint);
@@ -670,13 +688,12 @@ impl Engine {
         if self.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(Error::WrongState("the server is shutting down".into()));
         }
-        let stream = cat
-            .stream(&def.stream)
-            .ok_or_else(|| Error::UndefinedObject {
-                kind: "stream",
-                name: def.stream.clone(),
-            })?
-            .clone();
+        let streams: Vec<StreamDef> = sink_streams_of(def, cat)?.into_iter().cloned().collect();
+        let table_logs = def
+            .streams
+            .iter()
+            .filter_map(|n| self.table_log(n).map(|l| (n.clone(), l)))
+            .collect();
         let (stop_tx, stop_rx) = watch::channel(None);
         let wake = Arc::new(Notify::new());
         let mut status = self
@@ -691,11 +708,11 @@ impl Engine {
         self.registry.set(status);
         let task = QueryTask {
             def: def.clone(),
-            stream,
+            streams,
             registry: self.registry.clone(),
             stop: stop_rx,
             wake: wake.clone(),
-            table_log: self.table_log(&def.stream),
+            table_logs,
             clock: self.clock.clone(),
         };
         let engine = self.me.clone();
@@ -960,7 +977,7 @@ impl Engine {
                     .unwrap_or_else(|| s.state.as_str().to_string());
                 [
                     Some(s.name.clone()),
-                    Some(s.stream.clone()),
+                    Some(s.streams.join(", ")),
                     Some(s.options.get("connector").unwrap_or("delta").to_string()),
                     Some(s.path.display().to_string()),
                     Some(s.trigger.to_string()),
@@ -1084,7 +1101,8 @@ fn absolute(p: &str) -> Result<PathBuf> {
 }
 
 /// The one stream a sink's query reads. Tables that are not streams are refused.
-fn single_stream(query: &str, cat: &Catalog) -> Result<String> {
+/// The streams a sink's query reads, in the order it names them (its sources' order).
+fn sink_streams(query: &str, cat: &Catalog) -> Result<Vec<String>> {
     use datafusion::sql::sqlparser::ast::{Statement, visit_relations};
     use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
     use datafusion::sql::sqlparser::parser::Parser;
@@ -1109,7 +1127,7 @@ fn single_stream(query: &str, cat: &Catalog) -> Result<String> {
             }
         } else if cat.sink(&n).is_some() || parts > 1 {
             return Err(Error::unsupported(format!(
-                "a sink reads one stream; \"{n}\" is not a stream (stream-table joins are not supported yet)"
+                "a sink's query reads streams only; \"{n}\" is not a stream (stream-table joins are not supported yet)"
             )));
         } else {
             return Err(Error::UndefinedObject {
@@ -1118,14 +1136,31 @@ fn single_stream(query: &str, cat: &Catalog) -> Result<String> {
             });
         }
     }
-    match streams.len() {
-        0 => Err(Error::InvalidOption {
+    if streams.is_empty() {
+        return Err(Error::InvalidOption {
             message: "a sink's query must read a stream".into(),
             hint: Some("Add FROM <stream>.".into()),
-        }),
-        1 => Ok(streams.remove(0)),
-        _ => Err(Error::unsupported(
-            "a sink reads one stream; joins and unions of streams are not supported yet",
-        )),
+        });
+    }
+    Ok(streams)
+}
+
+/// The definitions of the streams a sink reads, in its sources' order.
+fn sink_streams_of<'a>(def: &SinkDef, cat: &'a Catalog) -> Result<Vec<&'a StreamDef>> {
+    def.streams
+        .iter()
+        .map(|n| {
+            cat.stream(n).ok_or_else(|| Error::UndefinedObject {
+                kind: "stream",
+                name: n.clone(),
+            })
+        })
+        .collect()
+}
+
+fn state_config(def: &SinkDef) -> StateConfig {
+    StateConfig {
+        store: def.state_store.as_str().to_string(),
+        partitions: def.state_partitions,
     }
 }

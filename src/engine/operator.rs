@@ -1,7 +1,8 @@
 //! The stateful-operator contract, in the spirit of Arroyo's `ArrowOperator`: one trait
-//! with the lifecycle a micro-batch drives. The trigger loop knows operators only through
-//! it; the window aggregate (`engine::aggregate`) is the first implementation. Dedup and
-//! joins are next behind the same trait.
+//! with the lifecycle a micro-batch drives. The streaming plan (`engine::plan`) runs one per
+//! stateful node and the trigger loop commits and maintains them, knowing them only
+//! through it; the window aggregate (`engine::aggregate`) is the first implementation.
+//! Dedup and joins are next behind the same trait.
 //!
 //! Per batch `N`: `process_batch` (late rows judged by `WM(N-1)`, emission and eviction by
 //! `WM(N)`), `commit(N + 1)` before the sink, `maintain` after the commit log. At a start,

@@ -12,19 +12,15 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::datasource::MemTable;
-use datafusion::logical_expr::LogicalPlan;
-use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 use tokio::sync::{Notify, watch};
 use uuid::Uuid;
 
 use super::aggregate::{
     AggregateBatch, AggregateInfo, AggregateOperator, EventTimeStats, KeyTime, OutputMode,
-    WindowKind, part_above, stateless_part,
 };
 use super::operator::StatefulOperator;
+use super::plan::{StateConfig, StreamInput, StreamingPlan, WatermarkNode, advance_watermark};
 use super::progress::{
     EventTimeProgress, Progress, Registry, SinkProgress, SourceProgress, StateOperatorProgress,
     Status, round_rate,
@@ -64,26 +60,16 @@ pub enum Outcome {
 /// Everything a query's task needs.
 pub struct QueryTask {
     pub def: SinkDef,
-    pub stream: StreamDef,
+    /// The streams the query reads, in the order its plan numbers its sources.
+    pub streams: Vec<StreamDef>,
     pub registry: Arc<Registry>,
     pub stop: watch::Receiver<Option<StopReason>>,
     /// Notified by `FLUSH` to run a trigger now.
     pub wake: Arc<Notify>,
-    /// The log of the stream, if it is a table stream.
-    pub table_log: Option<Arc<TableLog>>,
+    /// The logs of the table streams among them, by name.
+    pub table_logs: std::collections::HashMap<String, Arc<TableLog>>,
     /// Wall time, for sources that read it (`rate`).
     pub clock: Arc<dyn crate::clock::Clock>,
-}
-
-fn query_context() -> SessionContext {
-    let ctx = SessionContext::new_with_config(
-        SessionConfig::new()
-            .with_target_partitions(parallelism())
-            .with_information_schema(false)
-            .set_str("datafusion.execution.time_zone", "UTC"),
-    );
-    super::window::register_udfs(&ctx);
-    ctx
 }
 
 /// What a sink's query is, as the engine runs it.
@@ -93,10 +79,15 @@ pub struct SinkShape {
     pub sql: String,
     /// The rows it writes: every field nullable, as Spark's sinks make them.
     pub schema: SchemaRef,
-    /// Its aggregation, if it has one.
+    /// The top (last) aggregation, if the query has one.
     pub aggregate: Option<AggregateInfo>,
+    /// Every stateful operator, by id.
+    pub operators: Vec<AggregateInfo>,
     pub mode: OutputMode,
-    pub watermark: Option<WatermarkSpec>,
+    /// The plan's watermark nodes.
+    pub watermarks: Vec<WatermarkNode>,
+    /// The streaming plan as EXPLAIN shows it.
+    pub plan_text: String,
 }
 
 impl SinkShape {
@@ -115,67 +106,100 @@ impl SinkShape {
 /// What the sink's checkpoint depends on (spec §9.4).
 pub fn checkpoint_definition(
     def: &SinkDef,
-    stream: &StreamDef,
+    streams: &[&StreamDef],
     shape: &SinkShape,
 ) -> CheckpointDefinition {
-    let (group_keys, aggregates) = match &shape.aggregate {
-        Some(a) => (
-            a.group_names.clone(),
+    let mut group_keys = Vec::new();
+    let mut aggregates = Vec::new();
+    for (i, a) in shape.operators.iter().enumerate() {
+        // Operator 0 as it always was; later operators prefixed with their id.
+        let prefix = if i == 0 {
+            String::new()
+        } else {
+            format!("{i}:")
+        };
+        group_keys.extend(a.group_names.iter().map(|g| format!("{prefix}{g}")));
+        aggregates.extend(
             a.aggregates
                 .iter()
-                .map(|e| e.human_display().to_string())
-                .collect(),
-        ),
-        None => (vec![], vec![]),
-    };
+                .map(|e| format!("{prefix}{}", e.human_display())),
+        );
+    }
     CheckpointDefinition {
-        source: match stream.source() {
-            StreamSource::File(f) => f.identity(),
-            StreamSource::Delta(d) => format!("delta:{}", d.path.display()),
-            other => format!("{}:{}", other.connector(), stream.name),
-        },
+        source: streams
+            .iter()
+            .map(|stream| match stream.source() {
+                StreamSource::File(f) => f.identity(),
+                StreamSource::Delta(d) => format!("delta:{}", d.path.display()),
+                other => format!("{}:{}", other.connector(), stream.name),
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
         group_keys,
         aggregates,
-        watermark_column: shape.watermark.as_ref().map(|w| w.column.clone()),
+        watermark_column: shape.watermarks.first().map(|w| w.spec.column.clone()),
         output_mode: shape.mode.as_str().to_string(),
         state_partitions: def.state_partitions,
         state_store: def.state_store.as_str().to_string(),
     }
 }
 
-/// The sink's watermark: its `watermark` option, else the stream's `WATERMARK FOR`.
-pub fn sink_watermark(def: &SinkDef, stream: &StreamDef) -> Result<Option<WatermarkSpec>> {
-    match def.options.get("watermark") {
-        Some(w) => Ok(Some(parse_watermark_option(w)?)),
-        None => Ok(stream.watermark.clone()),
-    }
+/// The sink's `watermark` option, if it has one.
+pub fn sink_watermark(def: &SinkDef) -> Result<Option<WatermarkSpec>> {
+    def.options
+        .get("watermark")
+        .map(parse_watermark_option)
+        .transpose()
 }
 
-/// Plans a sink's query over an empty stream and checks it: one stream, shapes Spark
-/// allows for the output mode (spec §5.2–5.3), distinct column names.
+/// The streams a query reads, with their watermarks: the sink's `watermark` option on each
+/// stream that has its column, otherwise the stream's `WATERMARK FOR`.
+pub fn stream_inputs(streams: &[&StreamDef], sink_wm: Option<&WatermarkSpec>) -> Vec<StreamInput> {
+    streams
+        .iter()
+        .map(|s| StreamInput {
+            name: s.name.clone(),
+            schema: s.schema(),
+            watermark: match sink_wm {
+                Some(w) if s.schema().field_with_name(&w.column).is_ok() => Some(w.clone()),
+                _ => s.watermark.clone(),
+            },
+        })
+        .collect()
+}
+
+/// Builds the streaming plan of a sink's query.
+pub async fn build_plan(
+    query: &str,
+    streams: &[&StreamDef],
+    sink_wm: Option<&WatermarkSpec>,
+    mode: OutputMode,
+    state: &StateConfig,
+) -> Result<StreamingPlan> {
+    let sql = crate::sql::expand_window_refs(query)?;
+    StreamingPlan::build(
+        &sql,
+        stream_inputs(streams, sink_wm),
+        mode,
+        state,
+        parallelism(),
+    )
+    .await
+}
+
+/// Plans a sink's query and checks it: shapes Spark allows for the output mode (spec
+/// §5.2–5.3), distinct column names.
 pub async fn analyze_sink(
     query: &str,
-    stream: &StreamDef,
-    watermark: Option<WatermarkSpec>,
+    streams: &[&StreamDef],
+    sink_wm: Option<&WatermarkSpec>,
     mode: OutputMode,
+    state: &StateConfig,
 ) -> Result<SinkShape> {
     let sql = crate::sql::expand_window_refs(query)?;
-    let ctx = query_context();
-    let schema = stream.schema();
-    ctx.register_table(
-        datafusion::common::TableReference::bare(stream.name.clone()),
-        Arc::new(MemTable::try_new(schema.clone(), vec![vec![]])?),
-    )?;
-    let df = ctx.sql(&sql).await?;
-    check_shape(df.logical_plan())?;
-    let aggregate = super::aggregate::analyze(
-        df.logical_plan(),
-        watermark.as_ref().map(|w| w.column.as_str()),
-        mode,
-    )?;
-    let fields: Vec<Field> = df
-        .schema()
-        .as_arrow()
+    let plan = build_plan(query, streams, sink_wm, mode, state).await?;
+    let fields: Vec<Field> = plan
+        .output_schema()
         .fields()
         .iter()
         .map(|f| f.as_ref().clone().with_nullable(true))
@@ -192,21 +216,17 @@ pub async fn analyze_sink(
     Ok(SinkShape {
         sql,
         schema: Arc::new(Schema::new(fields)),
-        aggregate,
+        aggregate: plan.top_aggregate().cloned(),
+        operators: plan.operators.iter().map(|o| o.info.clone()).collect(),
         mode,
-        watermark,
+        watermarks: plan.watermarks.clone(),
+        plan_text: plan.display(),
     })
 }
 
-/// The lines of `EXPLAIN CREATE SINK`: sink, emit rule, stateful operator, stateless part,
-/// source. Stable text, no addresses.
-pub async fn explain(def: &SinkDef, stream: &StreamDef, shape: &SinkShape) -> Result<Vec<String>> {
-    let ctx = query_context();
-    ctx.register_table(
-        datafusion::common::TableReference::bare(stream.name.clone()),
-        Arc::new(MemTable::try_new(stream.schema(), vec![vec![]])?),
-    )?;
-    let plan = ctx.sql(&shape.sql).await?.into_unoptimized_plan();
+/// The lines of `EXPLAIN CREATE SINK`: the sink, the emit rule, the streaming plan (from
+/// DataFusion's display of it, with its stateful nodes), the sources. Stable text.
+pub fn explain(def: &SinkDef, streams: &[&StreamDef], shape: &SinkShape) -> Result<Vec<String>> {
     let write = shape.write_mode().describe();
     let sink = match def.connector()? {
         SinkConnector::Delta => "DeltaSink".to_string(),
@@ -219,28 +239,20 @@ pub async fn explain(def: &SinkDef, stream: &StreamDef, shape: &SinkShape) -> Re
         shape.mode.as_str(),
         def.trigger
     )];
-    let indent = |lines: &mut Vec<String>, plan: &LogicalPlan, depth: usize| {
-        for l in plan.display_indent().to_string().lines() {
-            lines.push(format!("{}{l}", "  ".repeat(depth)));
-        }
-    };
-    match &shape.aggregate {
-        None => {
-            lines.push("  Emit: every row of every micro-batch (stateless, no state)".into());
-            indent(&mut lines, &plan, 1);
-        }
-        Some(a) => {
-            let closes = match a.key_time {
-                Some(KeyTime::Window) => "window.end".to_string(),
-                Some(KeyTime::Column(i)) => a.keys[i].to_string(),
-                None => String::new(),
-            };
-            lines.push(format!(
-                "  Emit: {}",
+    lines.push(format!(
+        "  Emit: {}",
+        match &shape.aggregate {
+            None => "every row of every micro-batch (stateless, no state)".to_string(),
+            Some(a) => {
+                let closes = match a.key_time {
+                    Some(KeyTime::Window) => "window.end".to_string(),
+                    Some(KeyTime::Column(i)) => a.keys[i].to_string(),
+                    None => String::new(),
+                };
                 match (shape.mode, a.key_time.is_some()) {
-                    (OutputMode::Append, _) => format!(
-                        "each group once, when the watermark passes {closes}; then evicted"
-                    ),
+                    (OutputMode::Append, _) => {
+                        format!("each group once, when the watermark passes {closes}; then evicted")
+                    }
                     (OutputMode::Update, true) => format!(
                         "every group the batch updated; evicted silently once the watermark \
                          passes {closes}"
@@ -252,61 +264,26 @@ pub async fn explain(def: &SinkDef, stream: &StreamDef, shape: &SinkShape) -> Re
                         "the whole result every batch; nothing evicted, nothing late".to_string()
                     }
                 }
-            ));
-            let above = part_above(&plan, vec![])?;
-            let mut above_lines = Vec::new();
-            indent(&mut above_lines, &above, 0);
-            for l in above_lines.iter().filter(|l| !l.contains("__emitted")) {
-                lines.push(format!("  {l}"));
-            }
-            lines.push(format!(
-                "  StatefulAggregate: keys=[{}] aggregates=[{}] state={} partitions={}",
-                a.group_names.join(", "),
-                a.aggregates
-                    .iter()
-                    .map(|e| e.human_display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                def.state_store.as_str(),
-                def.state_partitions
-            ));
-            let dur =
-                |us: i64| crate::sql::options::format_duration(Duration::from_micros(us as u64));
-            match a.window.as_ref().map(|w| (w.kind, &w.time_column)) {
-                Some((WindowKind::Fixed(spec), col)) => lines.push(format!(
-                    "    Window: {} size={} slide={} over {col}",
-                    if spec.is_tumbling() { "tumbling" } else { "sliding" },
-                    dur(spec.size),
-                    dur(spec.slide),
-                )),
-                Some((WindowKind::Session { gap }, col)) => lines.push(format!(
-                    "    Window: session gap={} over {col} (sessions of a key merge when they touch)",
-                    dur(gap)
-                )),
-                None => {}
-            }
-            match (&shape.watermark, a.key_time) {
-                (Some(wm), Some(_)) => lines.push(format!(
-                    "    Watermark: {} - {}; late when {closes} <= the previous batch's watermark{}",
-                    wm.column,
-                    crate::sql::options::format_duration(wm.delay()),
-                    if shape.mode == OutputMode::Complete { " (complete: never)" } else { "" }
-                )),
-                (Some(wm), None) => lines.push(format!(
-                    "    Watermark: {} - {}; no group key carries it: nothing is late or evicted",
-                    wm.column,
-                    crate::sql::options::format_duration(wm.delay())
-                )),
-                (None, _) => lines.push("    Watermark: none".into()),
-            }
-            if let Some(pre) = stateless_part(&plan) {
-                indent(&mut lines, &pre, 2);
             }
         }
+    ));
+    if shape.watermarks.len() > 1 {
+        lines
+            .push("  Watermark: the minimum of the inputs' (multipleWatermarkPolicy = min)".into());
     }
-    lines.push(match stream.source() {
+    for l in shape.plan_text.lines() {
+        lines.push(format!("  {l}"));
+    }
+    for (i, stream) in streams.iter().enumerate() {
+        lines.push(format!("  Source {i}: {}", describe_source(stream)));
+    }
+    Ok(lines)
+}
+
+fn describe_source(stream: &StreamDef) -> String {
+    match stream.source() {
         StreamSource::File(src) => format!(
-            "  Source: FileStreamSource[{}] format={}{}",
+            "FileStreamSource[{}] format={}{}",
             src.path.display(),
             src.decoder.format.name(),
             src.max_files_per_trigger
@@ -314,18 +291,18 @@ pub async fn explain(def: &SinkDef, stream: &StreamDef, shape: &SinkShape) -> Re
                 .unwrap_or_default()
         ),
         StreamSource::Table(t) => format!(
-            "  Source: TableStreamSource[{}]{}",
+            "TableStreamSource[{}]{}",
             stream.name,
             t.max_rows_per_trigger
                 .map(|n| format!(" max_rows_per_trigger={n}"))
                 .unwrap_or_default()
         ),
         StreamSource::Rate(r) => format!(
-            "  Source: RateStream[rows_per_second={}, ramp_up_time={}s, num_partitions={}]",
+            "RateStream[rows_per_second={}, ramp_up_time={}s, num_partitions={}]",
             r.rows_per_second, r.ramp_up_secs, r.num_partitions
         ),
         StreamSource::Delta(d) => format!(
-            "  Source: DeltaSource[{}] max_files_per_trigger={}{}{}",
+            "DeltaSource[{}] max_files_per_trigger={}{}{}",
             d.path.display(),
             d.max_files_per_trigger,
             d.starting_version
@@ -338,76 +315,44 @@ pub async fn explain(def: &SinkDef, stream: &StreamDef, shape: &SinkShape) -> Re
             }
         ),
         StreamSource::RateMicroBatch(r) => format!(
-            "  Source: RatePerMicroBatchStream[rows_per_batch={}, num_partitions={}, \
+            "RatePerMicroBatchStream[rows_per_batch={}, num_partitions={}, \
              start_timestamp={}, advance_millis_per_batch={}]",
             r.rows_per_batch, r.num_partitions, r.start_timestamp_ms, r.advance_ms_per_batch
         ),
-    });
-    Ok(lines)
-}
-
-/// Refuses query shapes Tidemark does not run on streams (spec §5.2).
-fn check_shape(plan: &LogicalPlan) -> Result<()> {
-    let mut err = None;
-    plan.apply_with_subqueries(|node| {
-        let refusal = match node {
-            LogicalPlan::Distinct(_) => Some(Error::Unsupported {
-                message: "SELECT DISTINCT is not supported on streams yet".into(),
-                hint: Some("Use GROUP BY over the columns instead.".into()),
-            }),
-            LogicalPlan::Window(_) => Some(Error::unsupported(
-                "window functions (OVER) are not supported on streams",
-            )),
-            LogicalPlan::Limit(_) => {
-                Some(Error::unsupported("LIMIT is not supported in sinks yet"))
-            }
-            LogicalPlan::Join(_) => {
-                Some(Error::unsupported("joins in sinks are not supported yet"))
-            }
-            LogicalPlan::Union(_) => {
-                Some(Error::unsupported("UNION in sinks is not supported yet"))
-            }
-            LogicalPlan::RecursiveQuery(_) => Some(Error::unsupported(
-                "recursive queries are not supported on streams",
-            )),
-            _ => None,
-        };
-        if let Some(e) = refusal {
-            err = Some(e);
-            return Ok(TreeNodeRecursion::Stop);
-        }
-        Ok(TreeNodeRecursion::Continue)
-    })?;
-    match err {
-        Some(e) => Err(e),
-        None => Ok(()),
     }
 }
+
+/// Offsets of every source, by source index (`None`: that source had no data yet).
+type Offsets = Vec<Option<Offset>>;
 
 /// A batch to run: planned now, or found in the offsets log without a commit.
 #[derive(Debug, Clone)]
 struct PlannedBatch {
     id: BatchId,
-    /// The source's end offset of the previous batch (exclusive start), if any.
-    start: Option<Offset>,
-    /// This batch's end offset.
-    end: Offset,
+    /// Each source's end offset of the previous batch (exclusive start).
+    start: Offsets,
+    /// Each source's end offset of this batch.
+    end: Offsets,
     /// `WM(N)`: closes windows and evicts state (spec §2.4).
     watermark_ms: i64,
     /// `WM(N-1)`: judges late rows.
     late_watermark_ms: i64,
 }
 
-/// The first source's offset in an `offsets/N` entry.
-fn source_offset(seq: &OffsetSeq) -> Option<Offset> {
-    seq.offsets.first().cloned().flatten()
+/// The sources' offsets in an `offsets/N` entry, one per source.
+fn source_offsets(seq: &OffsetSeq, sources: usize) -> Offsets {
+    let mut o = seq.offsets.clone();
+    o.resize(sources, None);
+    o.truncate(sources);
+    o
 }
 
 /// Where a query resumes, from its checkpoint (spec §1.5).
+#[derive(Debug, PartialEq)]
 struct Resume {
     next_batch: BatchId,
-    /// End offset of the last committed batch.
-    committed_end: Option<Offset>,
+    /// End offsets of the last committed batch.
+    committed_end: Offsets,
     /// An uncommitted batch to replay first.
     pending: Option<PlannedBatch>,
     /// The global watermark to continue from, and the last batch's `WM(N)`.
@@ -415,17 +360,29 @@ struct Resume {
     last_batch_watermark_ms: i64,
 }
 
-fn resume(ckpt: &Checkpoint) -> Result<Resume> {
+impl PartialEq for PlannedBatch {
+    fn eq(&self, o: &Self) -> bool {
+        (
+            self.id,
+            &self.start,
+            &self.end,
+            self.watermark_ms,
+            self.late_watermark_ms,
+        ) == (o.id, &o.start, &o.end, o.watermark_ms, o.late_watermark_ms)
+    }
+}
+
+fn resume(ckpt: &Checkpoint, sources: usize) -> Result<Resume> {
     let Some((last, seq)) = ckpt.latest_offsets()? else {
         return Ok(Resume {
             next_batch: 0,
-            committed_end: None,
+            committed_end: vec![None; sources],
             pending: None,
             watermark_ms: 0,
             last_batch_watermark_ms: 0,
         });
     };
-    let end = source_offset(&seq);
+    let end = source_offsets(&seq, sources);
     let commit = ckpt.latest_commit()?;
     if let Some((c, entry)) = &commit
         && *c == last
@@ -448,14 +405,21 @@ fn resume(ckpt: &Checkpoint) -> Result<Resume> {
         );
     }
     let (start, prev_wm) = if last == 0 {
-        (None, 0)
+        (vec![None; sources], 0)
     } else {
         let prev = ckpt
             .offsets(last - 1)?
             .ok_or_else(|| Error::Internal(format!("batch {} doesn't exist", last - 1)))?;
-        (source_offset(&prev), prev.metadata.batch_watermark_ms)
+        (
+            source_offsets(&prev, sources),
+            prev.metadata.batch_watermark_ms,
+        )
     };
-    let end = end.ok_or_else(|| Error::Internal(format!("offsets/{last} has no source offset")))?;
+    if end.iter().all(Option::is_none) {
+        return Err(Error::Internal(format!(
+            "offsets/{last} has no source offset"
+        )));
+    }
     let wm = seq.metadata.batch_watermark_ms;
     Ok(Resume {
         next_batch: last,
@@ -491,14 +455,17 @@ pub async fn run(task: QueryTask) -> Outcome {
 
 struct Runner {
     def: SinkDef,
-    source: Box<dyn Source>,
-    stream_name: String,
+    /// By source index: the streams the plan reads, in its order.
+    sources: Vec<Box<dyn Source>>,
     ckpt: Checkpoint,
     sink: Box<dyn Sink>,
     shape: SinkShape,
     write_mode: WriteMode,
-    operator: Option<Box<dyn StatefulOperator>>,
-    ctx: SessionContext,
+    plan: StreamingPlan,
+    /// Spark's names of the stateful operators, by id.
+    operator_names: Vec<&'static str>,
+    /// Each watermark node's own watermark (ms): in memory only, as Spark keeps it (§2.2).
+    node_watermarks: Vec<Option<i64>>,
     registry: Arc<Registry>,
     run_id: Uuid,
 }
@@ -506,21 +473,20 @@ struct Runner {
 /// What a batch did, for the progress report.
 #[derive(Default)]
 struct BatchStats {
-    rows_in: u64,
+    /// By source index.
+    rows_in: Vec<u64>,
     rows_out: u64,
-    event_time: EventTimeStats,
-    state: Option<(StateMetrics, AggregateBatch)>,
+    /// By watermark node.
+    event_time: Vec<EventTimeStats>,
+    /// By stateful operator.
+    state: Vec<(StateMetrics, AggregateBatch)>,
 }
 
-/// The delay of the watermark, in ms (a month would count as 31 days; we refuse months).
-fn delay_ms(wm: &WatermarkSpec) -> i64 {
-    (wm.delay_us / 1000) as i64
-}
-
-/// Opens the source a query reads: its stream's connector, with the sink's rate limit.
-fn open_source(task: &QueryTask, ckpt: &Checkpoint) -> Result<Box<dyn Source>> {
+/// Opens source `i` of a query: its stream's connector, with the sink's rate limits.
+fn open_source(task: &QueryTask, ckpt: &Checkpoint, i: usize) -> Result<Box<dyn Source>> {
     let def = &task.def;
-    Ok(match task.stream.source() {
+    let stream = &task.streams[i];
+    Ok(match stream.source() {
         StreamSource::File(config) => {
             let mut config = config.clone();
             // A sink's max_files_per_trigger overrides its stream's.
@@ -529,14 +495,11 @@ fn open_source(task: &QueryTask, ckpt: &Checkpoint) -> Result<Box<dyn Source>> {
                 c.max_files_per_trigger = Some(n);
                 config = Arc::new(c);
             }
-            Box::new(FileSource::open(config, ckpt.source_dir(0))?)
+            Box::new(FileSource::open(config, ckpt.source_dir(i))?)
         }
         StreamSource::Table(_) => {
-            let log = task.table_log.clone().ok_or_else(|| {
-                Error::Internal(format!(
-                    "the log of stream \"{}\" is not open",
-                    task.stream.name
-                ))
+            let log = task.table_logs.get(&stream.name).cloned().ok_or_else(|| {
+                Error::Internal(format!("the log of stream \"{}\" is not open", stream.name))
             })?;
             Box::new(TableSource::new(
                 log,
@@ -546,7 +509,7 @@ fn open_source(task: &QueryTask, ckpt: &Checkpoint) -> Result<Box<dyn Source>> {
         }
         StreamSource::Rate(config) => Box::new(RateSource::open(
             config.clone(),
-            ckpt.source_dir(0),
+            ckpt.source_dir(i),
             task.clock.clone(),
         )?),
         StreamSource::RateMicroBatch(config) => Box::new(RateMicroBatchSource::new(config.clone())),
@@ -570,73 +533,84 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         s.status = Status::Running;
         s.error = None;
     });
-    let watermark = sink_watermark(&def, &task.stream)?;
+    let sink_wm = sink_watermark(&def)?;
     let mode = OutputMode::parse(&def.output_mode)?;
-    let shape = analyze_sink(&def.query, &task.stream, watermark.clone(), mode).await?;
+    let streams: Vec<&StreamDef> = task.streams.iter().collect();
+    let state = StateConfig {
+        store: def.state_store.as_str().to_string(),
+        partitions: def.state_partitions,
+    };
+    let shape = analyze_sink(&def.query, &streams, sink_wm.as_ref(), mode, &state).await?;
     crate::checkpoint::record_definition(
         ckpt.root(),
         &def.name,
-        &checkpoint_definition(&def, &task.stream, &shape),
+        &checkpoint_definition(&def, &streams, &shape),
     )?;
     let sink = def
         .connector()?
         .open(&def.name, &def.path, &shape.schema)
         .await?;
-    let mut source = open_source(&task, &ckpt)?;
+    let plan = build_plan(&def.query, &streams, sink_wm.as_ref(), mode, &state).await?;
+    let mut sources = Vec::with_capacity(plan.sources.len());
+    for i in 0..plan.sources.len() {
+        sources.push(open_source(&task, &ckpt, i)?);
+    }
     let Resume {
         mut next_batch,
         mut committed_end,
         mut pending,
         watermark_ms: mut global_wm,
         last_batch_watermark_ms: mut last_batch_wm,
-    } = resume(&ckpt)?;
-    let ctx = query_context();
-    let operator = match &shape.aggregate {
-        None => None,
-        Some(info) => {
-            let pre_schema = stateless_schema(&ctx, &shape.sql, &task.stream).await?;
-            let dir = ckpt.root().join("state").join("0");
-            let op = AggregateOperator::try_new(
-                info.clone(),
-                mode,
-                &pre_schema,
-                def.state_partitions,
-                |layout| crate::state::open(def.state_store, &dir, layout),
-            )
-            .await?;
-            let mut op: Box<dyn StatefulOperator> = Box::new(op);
-            // Batch N reads state version N.
-            op.load(next_batch)?;
-            Some(op)
-        }
-    };
+    } = resume(&ckpt, sources.len())?;
+    // One state directory per operator: state/<operator id>/<partition> (Spark's layout).
+    let mut operators: Vec<Box<dyn StatefulOperator>> = Vec::new();
+    for node in &plan.operators {
+        let dir = ckpt.root().join("state").join(node.id.to_string());
+        let op = AggregateOperator::try_new(
+            node.info.clone(),
+            mode,
+            &node.input_schema,
+            def.state_partitions,
+            |layout| crate::state::open(def.state_store, &dir, layout),
+        )
+        .await?;
+        let mut op: Box<dyn StatefulOperator> = Box::new(op);
+        // Batch N reads state version N.
+        op.load(next_batch)?;
+        operators.push(op);
+    }
+    let wants_no_data = operators.iter().any(|o| o.wants_no_data_batches());
+    let operator_names = operators.iter().map(|o| o.name()).collect();
+    plan.set_operators(operators);
     let trigger = match def.trigger {
         // Spark runs available_now as once over a source that cannot fix an end.
-        Trigger::AvailableNow if !source.supports_available_now() => Trigger::Once,
+        Trigger::AvailableNow if !sources.iter().all(|s| s.supports_available_now()) => {
+            Trigger::Once
+        }
         t => t,
     };
     // available_now fixes what this run reads when it starts (spec §6.3).
     if trigger == Trigger::AvailableNow {
-        source.prepare_available_now().await?;
+        for s in &mut sources {
+            s.prepare_available_now().await?;
+        }
     }
-    let mut arrivals = source.arrivals();
+    let mut arrivals: Vec<watch::Receiver<u64>> =
+        sources.iter().filter_map(|s| s.arrivals()).collect();
+    let node_watermarks = vec![None; plan.watermarks.len()];
     let mut runner = Runner {
-        source,
-        stream_name: task.stream.name.clone(),
+        sources,
         ckpt,
         sink,
         write_mode: shape.write_mode(),
         shape,
-        operator,
-        ctx,
+        plan,
+        operator_names,
+        node_watermarks,
         registry: task.registry.clone(),
         run_id,
         def,
     };
-    let wants_no_data = runner
-        .operator
-        .as_ref()
-        .is_some_and(|o| o.wants_no_data_batches());
     // A no-data batch is due when the watermark moved past the last batch's (spec §1.3).
     // Spark never runs one as the first batch of a run; Tidemark does when the previous
     // run ended owing one and no new data is there (after a crash right after the commit
@@ -660,7 +634,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
             .registry
             .update(&runner.def.name, |s| s.triggers = trigger_no);
         // Arrivals from now on wake the next wait.
-        if let Some(a) = arrivals.as_mut() {
+        for a in arrivals.iter_mut() {
             a.borrow_and_update();
         }
         let deadline = match trigger {
@@ -677,45 +651,47 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
             Some(p) => Some(p),
             None => {
                 let t = Instant::now();
-                let latest = runner
-                    .source
-                    .latest_offset(committed_end.as_ref(), limit)
-                    .await?;
+                let mut latest = Vec::with_capacity(runner.sources.len());
+                for (i, source) in runner.sources.iter_mut().enumerate() {
+                    let l = source
+                        .latest_offset(committed_end[i].as_ref(), limit)
+                        .await?;
+                    latest.push(l.or_else(|| committed_end[i].clone()));
+                }
                 durations.insert("latestOffset".into(), t.elapsed().as_millis() as u64);
-                let has_data = latest.is_some() && latest != committed_end;
-                match latest {
-                    Some(end) if has_data || no_data_due => {
-                        let t = Instant::now();
-                        let seq = OffsetSeq {
-                            metadata: OffsetMetadata {
-                                batch_watermark_ms: global_wm,
-                                batch_timestamp_ms: Utc::now().timestamp_millis(),
-                                conf: BTreeMap::from([
-                                    (
-                                        "spark.sql.streaming.multipleWatermarkPolicy".to_string(),
-                                        "min".to_string(),
-                                    ),
-                                    (
-                                        "spark.sql.shuffle.partitions".to_string(),
-                                        runner.def.state_partitions.to_string(),
-                                    ),
-                                ]),
-                            },
-                            offsets: vec![Some(end.clone())],
-                        };
-                        runner.ckpt.write_offsets(next_batch, &seq)?;
-                        crate::testing::crash_point("after_offsets_write");
-                        runner.ckpt.purge(next_batch);
-                        durations.insert("walCommit".into(), t.elapsed().as_millis() as u64);
-                        Some(PlannedBatch {
-                            id: next_batch,
-                            start: committed_end.clone(),
-                            end,
-                            watermark_ms: global_wm,
-                            late_watermark_ms: last_batch_wm,
-                        })
-                    }
-                    _ => None,
+                let has_data = latest.iter().any(Option::is_some) && latest != committed_end;
+                if (has_data || no_data_due) && latest.iter().any(Option::is_some) {
+                    let t = Instant::now();
+                    let seq = OffsetSeq {
+                        metadata: OffsetMetadata {
+                            batch_watermark_ms: global_wm,
+                            batch_timestamp_ms: Utc::now().timestamp_millis(),
+                            conf: BTreeMap::from([
+                                (
+                                    "spark.sql.streaming.multipleWatermarkPolicy".to_string(),
+                                    "min".to_string(),
+                                ),
+                                (
+                                    "spark.sql.shuffle.partitions".to_string(),
+                                    runner.def.state_partitions.to_string(),
+                                ),
+                            ]),
+                        },
+                        offsets: latest.clone(),
+                    };
+                    runner.ckpt.write_offsets(next_batch, &seq)?;
+                    crate::testing::crash_point("after_offsets_write");
+                    runner.ckpt.purge(next_batch);
+                    durations.insert("walCommit".into(), t.elapsed().as_millis() as u64);
+                    Some(PlannedBatch {
+                        id: next_batch,
+                        start: committed_end.clone(),
+                        end: latest,
+                        watermark_ms: global_wm,
+                        late_watermark_ms: last_batch_wm,
+                    })
+                } else {
+                    None
                 }
             }
         };
@@ -729,17 +705,19 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                     return Ok(Outcome::Finished);
                 }
                 let wait_until = deadline.unwrap_or(trigger_start + POLL_INTERVAL);
-                wait(&mut task.stop, &task.wake, arrivals.as_mut(), wait_until).await;
+                wait(&mut task.stop, &task.wake, &mut arrivals, wait_until).await;
             }
             Some(b) => {
                 let stats = runner.run_batch(&b, &mut durations).await?;
                 // The watermark moves at the end of the batch (spec §2.2).
-                if let Some(wm) = &runner.shape.watermark
-                    && stats.event_time.count > 0
-                {
-                    let candidate = stats.event_time.max.div_euclid(1000) - delay_ms(wm);
-                    global_wm = global_wm.max(candidate).max(0);
-                }
+                let candidates: Vec<Option<i64>> = runner
+                    .plan
+                    .watermarks
+                    .iter()
+                    .zip(&stats.event_time)
+                    .map(|(w, e)| (e.count > 0).then(|| e.max.div_euclid(1000) - delay_ms(&w.spec)))
+                    .collect();
+                global_wm = advance_watermark(global_wm, &mut runner.node_watermarks, &candidates);
                 let t = Instant::now();
                 runner.ckpt.write_commit(
                     b.id,
@@ -749,10 +727,12 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                 )?;
                 durations.insert("commitOffsets".into(), t.elapsed().as_millis() as u64);
                 crate::testing::crash_point("after_commit_log");
-                runner.source.commit(&b.end).await?;
-                if let Some(op) = runner.operator.as_mut() {
-                    op.maintain()?;
+                for (source, end) in runner.sources.iter_mut().zip(&b.end) {
+                    if let Some(end) = end {
+                        source.commit(end).await?;
+                    }
                 }
+                runner.plan.for_each_operator(|_, op| op.maintain()).await?;
                 let elapsed = trigger_start.elapsed();
                 durations.insert("triggerExecution".into(), elapsed.as_millis() as u64);
                 runner.report(
@@ -764,7 +744,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                     durations,
                 );
                 prev_trigger_start = Some(trigger_start);
-                committed_end = Some(b.end.clone());
+                committed_end = b.end.clone();
                 next_batch = b.id + 1;
                 last_batch_wm = b.watermark_ms;
                 no_data_due = wants_no_data && global_wm > b.watermark_ms;
@@ -772,44 +752,38 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                     return Ok(Outcome::Finished);
                 }
                 if let Some(d) = deadline {
-                    wait(&mut task.stop, &task.wake, None, d).await;
+                    wait(&mut task.stop, &task.wake, &mut [], d).await;
                 }
             }
         }
     }
 }
 
-/// The schema of a query's stateless part (the aggregate's input).
-async fn stateless_schema(ctx: &SessionContext, sql: &str, stream: &StreamDef) -> Result<Schema> {
-    let name = datafusion::common::TableReference::bare(stream.name.clone());
-    ctx.deregister_table(name.clone())?;
-    ctx.register_table(
-        name,
-        Arc::new(MemTable::try_new(stream.schema(), vec![vec![]])?),
-    )?;
-    let plan = ctx.sql(sql).await?.into_unoptimized_plan();
-    let pre = stateless_part(&plan).ok_or_else(|| Error::Internal("no aggregate".into()))?;
-    Ok(pre.schema().as_arrow().clone())
+/// The delay of a watermark, in ms.
+fn delay_ms(wm: &WatermarkSpec) -> i64 {
+    (wm.delay_us / 1000) as i64
 }
 
-/// Sleeps until `until`, or until a stop request, a `FLUSH` wake-up or new data.
+/// Sleeps until `until`, or until a stop request, a `FLUSH` wake-up or new data in any
+/// source.
 async fn wait(
     stop: &mut watch::Receiver<Option<StopReason>>,
     wake: &Notify,
-    arrivals: Option<&mut watch::Receiver<u64>>,
+    arrivals: &mut [watch::Receiver<u64>],
     until: Instant,
 ) {
     if stop.borrow().is_some() {
         return;
     }
     let arrived = async {
-        match arrivals {
-            Some(a) => {
-                if a.changed().await.is_err() {
-                    std::future::pending::<()>().await;
-                }
-            }
-            None => std::future::pending::<()>().await,
+        if arrivals.is_empty() {
+            return std::future::pending::<()>().await;
+        }
+        let changes = arrivals.iter_mut().map(|a| Box::pin(a.changed()));
+        match futures::future::select_all(changes).await {
+            (Ok(()), _, _) => {}
+            // A closed watch never changes again.
+            (Err(_), _, _) => std::future::pending::<()>().await,
         }
     };
     tokio::select! {
@@ -821,7 +795,7 @@ async fn wait(
 }
 
 impl Runner {
-    /// Reads the batch's rows, runs the query, commits state and sink.
+    /// Reads the batch's rows, runs the plan, commits state and sink.
     async fn run_batch(
         &mut self,
         b: &PlannedBatch,
@@ -829,55 +803,47 @@ impl Runner {
     ) -> Result<BatchStats> {
         let mut stats = BatchStats::default();
         let t = Instant::now();
-        let mut rows = self.source.read(b.start.as_ref(), &b.end).await?;
-        let mut input = Vec::new();
-        while let Some(batch) = rows.next().await {
-            input.push(batch?);
+        for (i, source) in self.sources.iter().enumerate() {
+            let mut input = Vec::new();
+            if let Some(end) = &b.end[i]
+                && b.start[i].as_ref() != Some(end)
+            {
+                let mut rows = source.read(b.start[i].as_ref(), end).await?;
+                while let Some(batch) = rows.next().await {
+                    input.push(batch?);
+                }
+            }
+            stats
+                .rows_in
+                .push(input.iter().map(|b| b.num_rows() as u64).sum());
+            self.plan.set_rows(i, partition(input, parallelism()));
         }
-        stats.rows_in = input.iter().map(|b| b.num_rows() as u64).sum();
         durations.insert("getBatch".into(), t.elapsed().as_millis() as u64);
 
         let t = Instant::now();
-        let table = MemTable::try_new(self.source.schema(), partition(input, parallelism()))?;
-        let name = datafusion::common::TableReference::bare(self.stream_name.clone());
-        self.ctx.deregister_table(name.clone())?;
-        self.ctx.register_table(name, Arc::new(table))?;
-        let df = self.ctx.sql(&self.shape.sql).await?;
-        durations.insert("queryPlanning".into(), t.elapsed().as_millis() as u64);
-
-        let t = Instant::now();
-        let out = match self.operator.as_mut() {
-            None => df.collect().await?,
-            Some(op) => {
-                let plan = df.into_unoptimized_plan();
-                let pre = stateless_part(&plan)
-                    .ok_or_else(|| Error::Internal("no aggregate in the batch plan".into()))?;
-                let pre_rows = self.ctx.execute_logical_plan(pre).await?.collect().await?;
-                if let Some(wm) = &self.shape.watermark {
-                    for r in &pre_rows {
-                        if let Ok(i) = r.schema().index_of(&wm.column) {
-                            stats.event_time.add_column(r.column(i))?;
-                        }
-                    }
-                }
-                let mut agg = op
-                    .process_batch(pre_rows, b.late_watermark_ms * 1000, b.watermark_ms * 1000)
-                    .await?;
-                let emitted = std::mem::take(&mut agg.emitted);
-                // Batch N commits state version N + 1.
-                let metrics = op.commit(b.id + 1)?;
-                let above = part_above(&plan, emitted)?;
-                let rows = self
-                    .ctx
-                    .execute_logical_plan(above)
-                    .await?
-                    .collect()
-                    .await?;
-                stats.state = Some((metrics, agg));
-                rows
-            }
-        };
-        let out = out
+        let output = self
+            .plan
+            .execute(b.late_watermark_ms * 1000, b.watermark_ms * 1000)
+            .await;
+        // The tables hold the batch's rows only while it runs.
+        for i in 0..self.sources.len() {
+            self.plan.set_rows(i, vec![vec![]]);
+        }
+        let output = output?;
+        durations.insert("queryPlanning".into(), output.planning.as_millis() as u64);
+        stats.event_time = output.stats;
+        // Batch N commits state version N + 1.
+        let metrics = self
+            .plan
+            .for_each_operator(|_, op| op.commit(b.id + 1))
+            .await?;
+        stats.state = metrics
+            .into_iter()
+            .zip(output.operators)
+            .map(|(m, o)| (m, o.unwrap_or_default()))
+            .collect();
+        let out = output
+            .rows
             .into_iter()
             .filter(|b| b.num_rows() > 0)
             .map(|b| super::cast_to_schema(b.columns(), &self.shape.schema))
@@ -912,16 +878,23 @@ impl Runner {
         stats: BatchStats,
         duration_ms: BTreeMap<String, u64>,
     ) {
-        let rows_in = stats.rows_in;
+        let rows_in: u64 = stats.rows_in.iter().sum();
         let processing_s = (elapsed.as_millis().max(1)) as f64 / 1000.0;
-        let processed = round_rate(rows_in as f64 / processing_s);
-        let input_rate = match since_prev_trigger {
-            Some(d) if d.as_millis() > 0 => round_rate(rows_in as f64 / d.as_secs_f64()),
-            _ => 0.0,
+        let rates = |rows: u64| {
+            let processed = round_rate(rows as f64 / processing_s);
+            let input = match since_prev_trigger {
+                Some(d) if d.as_millis() > 0 => round_rate(rows as f64 / d.as_secs_f64()),
+                _ => 0.0,
+            };
+            (input, processed)
         };
+        let (input_rate, processed) = rates(rows_in);
         let ts = |us: i64| chrono::DateTime::from_timestamp_micros(us).unwrap_or_default();
-        let event_time = self.shape.watermark.as_ref().map(|_| {
-            let e = &stats.event_time;
+        let event_time = (!self.plan.watermarks.is_empty()).then(|| {
+            let mut e = EventTimeStats::default();
+            for s in &stats.event_time {
+                e.merge(s);
+            }
             // Spark keeps event-time statistics in milliseconds.
             let ms = |us: i64| ts(us.div_euclid(1000) * 1000);
             EventTimeProgress {
@@ -931,13 +904,16 @@ impl Runner {
                 watermark: ts(b.watermark_ms * 1000),
             }
         });
-        let state_operators = match &stats.state {
-            None => vec![],
-            Some((m, agg)) => vec![StateOperatorProgress {
+        let state_operators = stats
+            .state
+            .iter()
+            .enumerate()
+            .map(|(i, (m, agg))| StateOperatorProgress {
                 operator_name: self
-                    .operator
-                    .as_ref()
-                    .map_or("stateStoreSave", |o| o.name())
+                    .operator_names
+                    .get(i)
+                    .copied()
+                    .unwrap_or("stateStoreSave")
                     .into(),
                 num_rows_total: m.rows_total,
                 num_rows_updated: agg.rows_updated,
@@ -949,8 +925,27 @@ impl Runner {
                 num_rows_dropped_by_watermark: agg.dropped_late,
                 num_shuffle_partitions: self.def.state_partitions,
                 num_state_store_instances: self.def.state_partitions,
-            }],
-        };
+            })
+            .collect();
+        let sources = self
+            .sources
+            .iter()
+            .enumerate()
+            .map(|(i, source)| {
+                let rows = stats.rows_in.get(i).copied().unwrap_or(0);
+                let (input_rate, processed) = rates(rows);
+                SourceProgress {
+                    description: source.describe(),
+                    start_offset: b.start[i].clone(),
+                    end_offset: b.end[i].clone(),
+                    latest_offset: None,
+                    num_input_rows: rows,
+                    input_rows_per_second: input_rate,
+                    processed_rows_per_second: processed,
+                    metrics: source.metrics(),
+                }
+            })
+            .collect();
         let progress = Progress {
             id: self.ckpt.id,
             run_id: self.run_id,
@@ -964,16 +959,7 @@ impl Runner {
             duration_ms,
             event_time,
             state_operators,
-            sources: vec![SourceProgress {
-                description: self.source.describe(),
-                start_offset: b.start.clone(),
-                end_offset: Some(b.end.clone()),
-                latest_offset: None,
-                num_input_rows: rows_in,
-                input_rows_per_second: input_rate,
-                processed_rows_per_second: processed,
-                metrics: self.source.metrics(),
-            }],
+            sources,
             sink: SinkProgress {
                 description: self.sink.describe(),
                 num_output_rows: stats.rows_out as i64,

@@ -1,0 +1,1178 @@
+//! The streaming plan: a sink's query as one DataFusion plan whose stateful parts are nodes
+//! of their own (spec §2, §3, §5).
+//!
+//! [`StreamingPlan::build`] plans the query's SQL over one [`BatchTable`] per stream it reads
+//! (each stream is one source, numbered in the order the query names them), then rewrites
+//! the logical plan bottom-up:
+//!
+//! - above the scan of a stream with a watermark, an [`EventTimeWatermark`] node (Spark's
+//!   `EventTimeWatermark`): it passes rows through and records the event-time statistics of
+//!   every row that reaches it. Filters that do not read the event-time column are pushed
+//!   below it by DataFusion's optimizer, filters that do stay above (spec §2.3);
+//! - each `Aggregate` becomes a [`StatefulAggregate`] node (Spark's `StateStoreSave`), with
+//!   the operator id that names its state directory, `state/<id>/`. Ids follow the plan
+//!   bottom-up, so a query with one aggregation keeps its state in `state/0/`.
+//!
+//! Both are user-defined logical nodes that the [`StreamingQueryPlanner`] plans into
+//! `ExecutionPlan`s with `DisplayAs`: [`EventTimeWatermarkExec`] and
+//! [`StatefulAggregateExec`], which runs the operator (a [`StatefulOperator`]) over its
+//! input's rows of the batch and emits what the output mode says. `EXPLAIN CREATE SINK`
+//! renders this plan. A batch is then: fill the tables, plan, execute, read the counters.
+
+use std::cmp::Ordering;
+use std::collections::BTreeSet;
+use std::fmt;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::catalog::Session;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{Column, DFSchemaRef, DataFusionError, TableReference};
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::datasource::{TableProvider, TableType};
+use datafusion::execution::context::QueryPlanner;
+use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
+use datafusion::logical_expr::{
+    Expr, Extension, LogicalPlan, LogicalPlanBuilder, UserDefinedLogicalNode,
+    UserDefinedLogicalNodeCore, col,
+};
+use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::physical_plan::execution_plan::{
+    Boundedness, ChildrenPropertiesMode, EmissionType, ReplaceChildrenOptions,
+};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PhysicalExpr, PlanProperties,
+};
+use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use futures::{StreamExt, TryStreamExt};
+
+use super::aggregate::{
+    AggregateInfo, EventTimeStats, KeyTime, OutputMode, WindowKind, analyze_aggregate, check_plan,
+    set_output_keys,
+};
+use super::operator::{OperatorBatch, StatefulOperator};
+use crate::error::{Error, Result};
+use crate::sql::parser::WatermarkSpec;
+
+type DfResult<T> = datafusion::error::Result<T>;
+
+fn external(e: Error) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+/// A stream as one query reads it: the rows of the current batch, swapped per batch.
+#[derive(Debug)]
+pub struct BatchTable {
+    schema: SchemaRef,
+    partitions: RwLock<Vec<Vec<RecordBatch>>>,
+}
+
+impl BatchTable {
+    pub fn new(schema: SchemaRef) -> BatchTable {
+        BatchTable {
+            schema,
+            partitions: RwLock::new(vec![vec![]]),
+        }
+    }
+
+    /// The rows the next execution reads.
+    pub fn set(&self, partitions: Vec<Vec<RecordBatch>>) {
+        *self.partitions.write().unwrap_or_else(|e| e.into_inner()) = partitions;
+    }
+}
+
+#[async_trait]
+impl TableProvider for BatchTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let parts = self
+            .partitions
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        Ok(MemorySourceConfig::try_new_exec(
+            &parts,
+            self.schema.clone(),
+            projection.cloned(),
+        )?)
+    }
+}
+
+/// A stateful operator, locked by its execution node during a batch and by the loop between.
+type SharedOperator = Arc<tokio::sync::Mutex<Box<dyn StatefulOperator>>>;
+
+/// What the execution nodes share with the trigger loop during one batch.
+#[derive(Default)]
+pub struct BatchRuntime {
+    /// `(WM_late, WM_evict)` in microseconds (spec §2.4).
+    watermarks: Mutex<(i64, i64)>,
+    /// Per watermark node: the statistics of this batch's rows.
+    stats: Mutex<Vec<EventTimeStats>>,
+    /// Per stateful operator, by id.
+    operators: RwLock<Vec<SharedOperator>>,
+    /// Per stateful operator: what this batch did in it.
+    results: Mutex<Vec<Option<OperatorBatch>>>,
+}
+
+impl fmt::Debug for BatchRuntime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BatchRuntime").finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl BatchRuntime {
+    fn begin(&self, late_us: i64, evict_us: i64, watermarks: usize) {
+        *lock(&self.watermarks) = (late_us, evict_us);
+        *lock(&self.stats) = vec![EventTimeStats::default(); watermarks];
+        let n = self
+            .operators
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .len();
+        *lock(&self.results) = (0..n).map(|_| None).collect();
+    }
+
+    fn observe(&self, id: usize, column: &datafusion::arrow::array::ArrayRef) -> Result<()> {
+        let mut stats = lock(&self.stats);
+        match stats.get_mut(id) {
+            Some(s) => s.add_column(column),
+            None => Ok(()),
+        }
+    }
+
+    async fn process(
+        &self,
+        id: usize,
+        rows: Vec<RecordBatch>,
+    ) -> Result<Vec<super::aggregate::ArrayRefs>> {
+        let op = self
+            .operators
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
+            .ok_or_else(|| Error::Internal(format!("stateful operator {id} is not open")))?;
+        let (late, evict) = *lock(&self.watermarks);
+        let mut op = op.lock().await;
+        let mut out = op.process_batch(rows, late, evict).await?;
+        let emitted = std::mem::take(&mut out.emitted);
+        if let Some(slot) = lock(&self.results).get_mut(id) {
+            *slot = Some(out);
+        }
+        Ok(emitted)
+    }
+}
+
+/// Spark's `EventTimeWatermark` node: `column - delay` over the rows of one source.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd)]
+pub struct EventTimeWatermark {
+    pub id: usize,
+    pub column: String,
+    pub delay_us: u64,
+    pub input: LogicalPlan,
+}
+
+impl UserDefinedLogicalNodeCore for EventTimeWatermark {
+    fn name(&self) -> &str {
+        "EventTimeWatermark"
+    }
+
+    fn inputs(&self) -> Vec<&LogicalPlan> {
+        vec![&self.input]
+    }
+
+    fn schema(&self) -> &DFSchemaRef {
+        self.input.schema()
+    }
+
+    fn expressions(&self) -> Vec<Expr> {
+        vec![]
+    }
+
+    /// Filters on the event time stay above: the rows they reject still move the
+    /// watermark (spec §2.3).
+    fn prevent_predicate_push_down_columns(&self) -> std::collections::HashSet<String> {
+        std::collections::HashSet::from([self.column.clone()])
+    }
+
+    fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "EventTimeWatermark: id={} {} - {}",
+            self.id,
+            self.column,
+            crate::sql::options::format_duration(Duration::from_micros(self.delay_us))
+        )
+    }
+
+    fn with_exprs_and_inputs(&self, _exprs: Vec<Expr>, inputs: Vec<LogicalPlan>) -> DfResult<Self> {
+        Ok(EventTimeWatermark {
+            input: one_input(inputs)?,
+            ..self.clone()
+        })
+    }
+
+    fn necessary_children_exprs(&self, _output_columns: &[usize]) -> Option<Vec<Vec<usize>>> {
+        Some(vec![(0..self.input.schema().fields().len()).collect()])
+    }
+}
+
+fn one_input(mut inputs: Vec<LogicalPlan>) -> DfResult<LogicalPlan> {
+    match inputs.len() {
+        1 => Ok(inputs.remove(0)),
+        n => Err(DataFusionError::Internal(format!(
+            "a streaming node takes one input, not {n}"
+        ))),
+    }
+}
+
+/// A stateful aggregation (Spark's `StateStoreRestore`/`StateStoreSave` pair): the operator
+/// `id` over its input; its output is the `Aggregate`'s, so the plan above is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct StatefulAggregate {
+    pub id: usize,
+    pub input: LogicalPlan,
+    pub schema: DFSchemaRef,
+    /// Output columns that carry the watermark mark (the window over the marked column,
+    /// or a marked key).
+    pub marked: Vec<String>,
+    /// What EXPLAIN shows.
+    pub label: String,
+}
+
+impl PartialOrd for StatefulAggregate {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        match self.id.cmp(&other.id) {
+            Ordering::Equal => self.input.partial_cmp(&other.input),
+            o => Some(o),
+        }
+    }
+}
+
+impl UserDefinedLogicalNodeCore for StatefulAggregate {
+    fn name(&self) -> &str {
+        "StatefulAggregate"
+    }
+
+    fn inputs(&self) -> Vec<&LogicalPlan> {
+        vec![&self.input]
+    }
+
+    fn schema(&self) -> &DFSchemaRef {
+        &self.schema
+    }
+
+    fn expressions(&self) -> Vec<Expr> {
+        vec![]
+    }
+
+    fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "{}", self.label)
+    }
+
+    fn with_exprs_and_inputs(&self, _exprs: Vec<Expr>, inputs: Vec<LogicalPlan>) -> DfResult<Self> {
+        Ok(StatefulAggregate {
+            input: one_input(inputs)?,
+            ..self.clone()
+        })
+    }
+
+    /// The operator was built for its input's columns: it needs all of them.
+    fn necessary_children_exprs(&self, _output_columns: &[usize]) -> Option<Vec<Vec<usize>>> {
+        Some(vec![(0..self.input.schema().fields().len()).collect()])
+    }
+}
+
+/// Pass-through that records event-time statistics for watermark node `id`.
+#[derive(Debug)]
+pub struct EventTimeWatermarkExec {
+    id: usize,
+    column: String,
+    index: usize,
+    input: Arc<dyn ExecutionPlan>,
+    runtime: Arc<BatchRuntime>,
+    cache: Arc<PlanProperties>,
+}
+
+impl EventTimeWatermarkExec {
+    fn new(
+        id: usize,
+        column: String,
+        input: Arc<dyn ExecutionPlan>,
+        runtime: Arc<BatchRuntime>,
+    ) -> DfResult<EventTimeWatermarkExec> {
+        let index = input.schema().index_of(&column)?;
+        // Rows pass through: the input's schema, partitioning and ordering.
+        let cache = input.properties().clone();
+        Ok(EventTimeWatermarkExec {
+            id,
+            column,
+            index,
+            input,
+            runtime,
+            cache,
+        })
+    }
+}
+
+impl DisplayAs for EventTimeWatermarkExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "EventTimeWatermarkExec: id={} column={}",
+            self.id, self.column
+        )
+    }
+}
+
+impl ExecutionPlan for EventTimeWatermarkExec {
+    fn name(&self) -> &str {
+        "EventTimeWatermarkExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.cache
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        _options: ReplaceChildrenOptions,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let input = children.into_iter().next().ok_or_else(|| {
+            DataFusionError::Internal("EventTimeWatermarkExec needs an input".into())
+        })?;
+        Ok(Arc::new(EventTimeWatermarkExec::new(
+            self.id,
+            self.column.clone(),
+            input,
+            self.runtime.clone(),
+        )?))
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let (id, index, runtime) = (self.id, self.index, self.runtime.clone());
+        let rows = self.input.execute(partition, context)?.map(move |b| {
+            let b = b?;
+            runtime.observe(id, b.column(index)).map_err(external)?;
+            Ok(b)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema(), rows)))
+    }
+}
+
+/// Runs stateful operator `id` over all of its input's rows of the batch, in one output
+/// partition.
+#[derive(Debug)]
+pub struct StatefulAggregateExec {
+    id: usize,
+    label: String,
+    input: Arc<dyn ExecutionPlan>,
+    runtime: Arc<BatchRuntime>,
+    cache: Arc<PlanProperties>,
+}
+
+impl StatefulAggregateExec {
+    fn new(
+        id: usize,
+        label: String,
+        schema: SchemaRef,
+        input: Arc<dyn ExecutionPlan>,
+        runtime: Arc<BatchRuntime>,
+    ) -> StatefulAggregateExec {
+        let cache = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(schema),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        ));
+        StatefulAggregateExec {
+            id,
+            label,
+            input,
+            runtime,
+            cache,
+        }
+    }
+}
+
+impl DisplayAs for StatefulAggregateExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "StatefulAggregateExec: {}", self.label)
+    }
+}
+
+impl ExecutionPlan for StatefulAggregateExec {
+    fn name(&self) -> &str {
+        "StatefulAggregateExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.cache
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        _options: ReplaceChildrenOptions,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let input = children.into_iter().next().ok_or_else(|| {
+            DataFusionError::Internal("StatefulAggregateExec needs an input".into())
+        })?;
+        Ok(Arc::new(StatefulAggregateExec::new(
+            self.id,
+            self.label.clone(),
+            self.schema(),
+            input,
+            self.runtime.clone(),
+        )))
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        if partition != 0 {
+            return Err(DataFusionError::Internal(format!(
+                "StatefulAggregateExec has one partition, not {partition}"
+            )));
+        }
+        let (id, input, runtime, schema) = (
+            self.id,
+            self.input.clone(),
+            self.runtime.clone(),
+            self.schema(),
+        );
+        let out_schema = schema.clone();
+        let rows = futures::stream::once(async move {
+            let rows = datafusion::physical_plan::collect(input, context).await?;
+            let emitted = runtime.process(id, rows).await.map_err(external)?;
+            let batches = emitted
+                .iter()
+                .map(|cols| super::cast_to_schema(cols, &out_schema))
+                .collect::<Result<Vec<_>>>()
+                .map_err(external)?;
+            Ok::<_, DataFusionError>(futures::stream::iter(batches.into_iter().map(Ok)))
+        })
+        .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, rows)))
+    }
+}
+
+struct StreamingExtensionPlanner {
+    runtime: Arc<BatchRuntime>,
+}
+
+#[async_trait]
+impl ExtensionPlanner for StreamingExtensionPlanner {
+    async fn plan_extension(
+        &self,
+        _planner: &dyn PhysicalPlanner,
+        node: &dyn UserDefinedLogicalNode,
+        _logical_inputs: &[&LogicalPlan],
+        physical_inputs: &[Arc<dyn ExecutionPlan>],
+        _session: &dyn Session,
+        _planning_ctx: &PhysicalPlanningContext,
+    ) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
+        let input = || {
+            physical_inputs
+                .first()
+                .cloned()
+                .ok_or_else(|| DataFusionError::Internal("a streaming node needs an input".into()))
+        };
+        if let Some(w) = node.as_any().downcast_ref::<EventTimeWatermark>() {
+            return Ok(Some(Arc::new(EventTimeWatermarkExec::new(
+                w.id,
+                w.column.clone(),
+                input()?,
+                self.runtime.clone(),
+            )?)));
+        }
+        if let Some(a) = node.as_any().downcast_ref::<StatefulAggregate>() {
+            return Ok(Some(Arc::new(StatefulAggregateExec::new(
+                a.id,
+                a.label.clone(),
+                Arc::new(a.schema.as_arrow().clone()),
+                input()?,
+                self.runtime.clone(),
+            ))));
+        }
+        Ok(None)
+    }
+}
+
+/// DataFusion's planner, with the streaming nodes.
+#[derive(Debug)]
+pub struct StreamingQueryPlanner {
+    runtime: Arc<BatchRuntime>,
+}
+
+#[async_trait]
+impl QueryPlanner for StreamingQueryPlanner {
+    async fn create_physical_plan(
+        &self,
+        plan: &LogicalPlan,
+        session: &dyn Session,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(StreamingExtensionPlanner {
+            runtime: self.runtime.clone(),
+        })])
+        .create_physical_plan(plan, session)
+        .await
+    }
+}
+
+/// One stream a query reads: source `i` is the `i`-th distinct stream the query names.
+#[derive(Debug, Clone)]
+pub struct StreamInput {
+    pub name: String,
+    pub schema: SchemaRef,
+    /// Its watermark, if it has one (the sink's `watermark` option or `WATERMARK FOR`).
+    pub watermark: Option<WatermarkSpec>,
+}
+
+/// A watermark node of the plan.
+#[derive(Debug, Clone)]
+pub struct WatermarkNode {
+    pub id: usize,
+    pub stream: String,
+    pub spec: WatermarkSpec,
+}
+
+/// A stateful operator of the plan.
+#[derive(Debug, Clone)]
+pub struct OperatorNode {
+    pub id: usize,
+    pub info: AggregateInfo,
+    /// The columns its input produces: what the operator is built for.
+    pub input_schema: SchemaRef,
+}
+
+/// How state is kept, for EXPLAIN.
+#[derive(Debug, Clone)]
+pub struct StateConfig {
+    pub store: String,
+    pub partitions: usize,
+}
+
+/// A sink's query as a plan of sources, watermarks, stateful operators and the stateless
+/// rest, ready to run batch after batch.
+pub struct StreamingPlan {
+    /// The logical plan with the streaming nodes (not yet optimized).
+    pub plan: LogicalPlan,
+    pub sources: Vec<StreamInput>,
+    tables: Vec<Arc<BatchTable>>,
+    pub watermarks: Vec<WatermarkNode>,
+    pub operators: Vec<OperatorNode>,
+    pub mode: OutputMode,
+    ctx: SessionContext,
+    runtime: Arc<BatchRuntime>,
+}
+
+/// The context a query plans in: UTC, the window functions, the streaming planner.
+fn streaming_context(runtime: Arc<BatchRuntime>, partitions: usize) -> SessionContext {
+    let config = SessionConfig::new()
+        .with_target_partitions(partitions)
+        .with_information_schema(false)
+        .set_str("datafusion.execution.time_zone", "UTC");
+    let state = SessionStateBuilder::new()
+        .with_config(config)
+        .with_default_features()
+        .with_query_planner(Arc::new(StreamingQueryPlanner { runtime }))
+        .build();
+    let ctx = SessionContext::new_with_state(state);
+    super::window::register_udfs(&ctx);
+    ctx
+}
+
+/// Columns of `plan`'s output that carry the watermark mark (spec §3.1, §4.3): the
+/// watermarked column, a window or session window over it, `window_time` of such a window,
+/// through projections (by alias), filters, aliases and unions.
+pub fn marked_columns(plan: &LogicalPlan) -> Vec<String> {
+    match plan {
+        LogicalPlan::Extension(e) => {
+            if let Some(w) = e.node.as_any().downcast_ref::<EventTimeWatermark>() {
+                // Declaring a watermark removes the mark from any other column (§2.1).
+                vec![w.column.clone()]
+            } else if let Some(a) = e.node.as_any().downcast_ref::<StatefulAggregate>() {
+                a.marked.clone()
+            } else {
+                vec![]
+            }
+        }
+        LogicalPlan::Projection(p) => {
+            let input = marked_columns(&p.input);
+            p.expr
+                .iter()
+                .zip(p.schema.fields())
+                .filter(|(e, _)| carries_mark(e, &input))
+                .map(|(_, f)| f.name().clone())
+                .collect()
+        }
+        LogicalPlan::Union(u) => {
+            let mut positions = BTreeSet::new();
+            for input in &u.inputs {
+                let m = marked_columns(input);
+                for (i, f) in input.schema().fields().iter().enumerate() {
+                    if m.contains(f.name()) {
+                        positions.insert(i);
+                    }
+                }
+            }
+            positions
+                .into_iter()
+                .filter_map(|i| u.schema.fields().get(i).map(|f| f.name().clone()))
+                .collect()
+        }
+        LogicalPlan::Filter(_)
+        | LogicalPlan::SubqueryAlias(_)
+        | LogicalPlan::Sort(_)
+        | LogicalPlan::Limit(_)
+        | LogicalPlan::Repartition(_) => plan
+            .inputs()
+            .first()
+            .map(|i| marked_columns(i))
+            .unwrap_or_default(),
+        _ => vec![],
+    }
+}
+
+fn carries_mark(e: &Expr, marked: &[String]) -> bool {
+    match e.clone().unalias() {
+        Expr::Column(c) => marked.contains(&c.name),
+        Expr::ScalarFunction(f) if f.func.name() == "window_time" => {
+            matches!(f.args.first(), Some(Expr::Column(c)) if marked.contains(&c.name))
+        }
+        _ => false,
+    }
+}
+
+/// Whether `e` is `window(...)` or `session_window(...)`.
+fn is_window_call(e: &Expr) -> bool {
+    matches!(e, Expr::ScalarFunction(f) if f.func.name() == "window" || f.func.name() == "session_window")
+}
+
+/// Plans and rewrites; `state` only labels EXPLAIN.
+struct Builder<'a> {
+    sources: &'a [StreamInput],
+    mode: OutputMode,
+    state: &'a StateConfig,
+    watermarks: Vec<WatermarkNode>,
+    operators: Vec<OperatorNode>,
+}
+
+impl Builder<'_> {
+    fn rewrite(&mut self, node: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
+        match node {
+            LogicalPlan::TableScan(scan) => {
+                let name = scan.table_name.table().to_string();
+                let spec = self
+                    .sources
+                    .iter()
+                    .find(|s| s.name == name)
+                    .and_then(|s| s.watermark.clone());
+                let Some(spec) = spec else {
+                    return Ok(Transformed::no(LogicalPlan::TableScan(scan)));
+                };
+                let id = self.watermarks.len();
+                self.watermarks.push(WatermarkNode {
+                    id,
+                    stream: name,
+                    spec: spec.clone(),
+                });
+                Ok(Transformed::yes(LogicalPlan::Extension(Extension {
+                    node: Arc::new(EventTimeWatermark {
+                        id,
+                        column: spec.column,
+                        delay_us: spec.delay_us,
+                        input: LogicalPlan::TableScan(scan),
+                    }),
+                })))
+            }
+            LogicalPlan::Aggregate(agg) => {
+                let mut marked = marked_columns(&agg.input);
+                // window(window_time(w), ...) groups by an expression that carries the mark:
+                // compute it as a column below, so the operator assigns windows over it.
+                let mut lifted = Vec::new();
+                let mut group_expr = Vec::with_capacity(agg.group_expr.len());
+                for (i, g) in agg.group_expr.iter().enumerate() {
+                    let mut g = g.clone().unalias();
+                    if let Expr::ScalarFunction(f) = &mut g
+                        && is_window_call(&Expr::ScalarFunction(f.clone()))
+                        && let Some(arg) = f.args.first()
+                        && !matches!(arg, Expr::Column(_))
+                        && carries_mark(arg, &marked)
+                    {
+                        let name = format!("__window_time_{i}");
+                        lifted.push(arg.clone().alias(name.clone()));
+                        f.args[0] = col(Column::new_unqualified(name.clone()));
+                        marked.push(name);
+                    }
+                    group_expr.push(g);
+                }
+                let input = if lifted.is_empty() {
+                    agg.input.as_ref().clone()
+                } else {
+                    let mut exprs: Vec<Expr> = agg
+                        .input
+                        .schema()
+                        .columns()
+                        .into_iter()
+                        .map(Expr::Column)
+                        .collect();
+                    exprs.extend(lifted);
+                    LogicalPlanBuilder::from(agg.input.as_ref().clone())
+                        .project(exprs)?
+                        .build()?
+                };
+                let mut info = analyze_aggregate(&group_expr, &agg.aggr_expr, &marked, self.mode)?;
+                info.group_names = agg
+                    .group_expr
+                    .iter()
+                    .map(|g| g.human_display().to_string())
+                    .collect();
+                let id = self.operators.len();
+                let out_marked = aggregate_marks(&info, &agg.schema);
+                let label = operator_label(id, &info, self.mode, self.state);
+                self.operators.push(OperatorNode {
+                    id,
+                    info,
+                    input_schema: Arc::new(input.schema().as_arrow().clone()),
+                });
+                Ok(Transformed::yes(LogicalPlan::Extension(Extension {
+                    node: Arc::new(StatefulAggregate {
+                        id,
+                        input,
+                        schema: agg.schema.clone(),
+                        marked: out_marked,
+                        label,
+                    }),
+                })))
+            }
+            other => Ok(Transformed::no(other)),
+        }
+    }
+}
+
+/// The aggregation's output columns that carry the mark: its key time, if any.
+fn aggregate_marks(info: &AggregateInfo, schema: &DFSchemaRef) -> Vec<String> {
+    let position = match (info.key_time, &info.window) {
+        (Some(KeyTime::Window), Some(w)) => Some(w.position),
+        (Some(KeyTime::Column(k)), window) => {
+            // Keys other than the window, in order, around the window's position.
+            let w = window.as_ref().map(|w| w.position);
+            (0..info.group_names.len()).filter(|i| Some(*i) != w).nth(k)
+        }
+        _ => None,
+    };
+    position
+        .and_then(|p| schema.fields().get(p))
+        .map(|f| vec![f.name().clone()])
+        .unwrap_or_default()
+}
+
+/// The one line EXPLAIN shows for a stateful aggregation.
+fn operator_label(id: usize, a: &AggregateInfo, mode: OutputMode, state: &StateConfig) -> String {
+    let dur = |us: i64| crate::sql::options::format_duration(Duration::from_micros(us as u64));
+    let window = match a.window.as_ref().map(|w| (w.kind, &w.time_column)) {
+        Some((WindowKind::Fixed(spec), col)) => format!(
+            " window={} size={} slide={} over {}",
+            if spec.is_tumbling() {
+                "tumbling"
+            } else {
+                "sliding"
+            },
+            dur(spec.size),
+            dur(spec.slide),
+            display_column(col)
+        ),
+        Some((WindowKind::Session { gap }, col)) => {
+            format!(
+                " window=session gap={} over {}",
+                dur(gap),
+                display_column(col)
+            )
+        }
+        None => String::new(),
+    };
+    let closes = match a.key_time {
+        Some(KeyTime::Window) => "window.end".to_string(),
+        Some(KeyTime::Column(i)) => a.keys[i].to_string(),
+        None => String::new(),
+    };
+    let rule = match (mode, a.key_time.is_some()) {
+        (OutputMode::Append | OutputMode::Update, true) => {
+            format!(" late/evict: {closes} <= WM(N-1) / WM(N)")
+        }
+        (OutputMode::Complete, true)
+            if matches!(
+                a.window.as_ref().map(|w| w.kind),
+                Some(WindowKind::Session { .. })
+            ) =>
+        {
+            format!(" late: {closes} <= WM(N-1); nothing evicted")
+        }
+        (OutputMode::Complete, _) => " nothing late, nothing evicted".to_string(),
+        (_, false) => " no watermarked key: nothing late, nothing evicted".to_string(),
+    };
+    format!(
+        "StatefulAggregate: id={id} keys=[{}] aggregates=[{}]{window}{rule} state={} partitions={}",
+        a.group_names.join(", "),
+        a.aggregates
+            .iter()
+            .map(|e| e.human_display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        state.store,
+        state.partitions
+    )
+}
+
+fn display_column(c: &str) -> String {
+    c.strip_prefix("__window_time_")
+        .map(|_| "window_time(...)".to_string())
+        .unwrap_or_else(|| c.to_string())
+}
+
+/// Refuses query shapes Tidemark does not run on streams (spec §5.2).
+fn check_shape(plan: &LogicalPlan) -> Result<()> {
+    let mut err = None;
+    plan.apply_with_subqueries(|node| {
+        let refusal = match node {
+            LogicalPlan::Distinct(_) => Some(Error::Unsupported {
+                message: "SELECT DISTINCT (and UNION without ALL) is not supported on streams yet"
+                    .into(),
+                hint: Some("Use GROUP BY over the columns, or UNION ALL.".into()),
+            }),
+            LogicalPlan::Window(_) => Some(Error::unsupported(
+                "window functions (OVER) are not supported on streams",
+            )),
+            LogicalPlan::Limit(_) => {
+                Some(Error::unsupported("LIMIT is not supported in sinks yet"))
+            }
+            LogicalPlan::Join(_) => {
+                Some(Error::unsupported("joins in sinks are not supported yet"))
+            }
+            LogicalPlan::RecursiveQuery(_) => Some(Error::unsupported(
+                "recursive queries are not supported on streams",
+            )),
+            _ => None,
+        };
+        if let Some(e) = refusal {
+            err = Some(e);
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    match err {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+impl StreamingPlan {
+    /// Plans `sql` (after `sql::expand_window_refs`) over `sources` and checks it against
+    /// Spark's rules for `mode`.
+    pub async fn build(
+        sql: &str,
+        sources: Vec<StreamInput>,
+        mode: OutputMode,
+        state: &StateConfig,
+        partitions: usize,
+    ) -> Result<StreamingPlan> {
+        let runtime = Arc::new(BatchRuntime::default());
+        let ctx = streaming_context(runtime.clone(), partitions);
+        let mut tables = Vec::with_capacity(sources.len());
+        for s in &sources {
+            let table = Arc::new(BatchTable::new(s.schema.clone()));
+            ctx.register_table(TableReference::bare(s.name.clone()), table.clone())?;
+            tables.push(table);
+        }
+        let plan = ctx.state().create_logical_plan(sql).await?;
+        check_shape(&plan)?;
+        let mut builder = Builder {
+            sources: &sources,
+            mode,
+            state,
+            watermarks: vec![],
+            operators: vec![],
+        };
+        let rewritten = plan
+            .clone()
+            .transform_up(|node| builder.rewrite(node).map_err(external))?;
+        let plan = rewritten.data;
+        let (watermarks, mut operators) = (builder.watermarks, builder.operators);
+        check_plan(&plan, operators.len(), mode)?;
+        if mode == OutputMode::Append {
+            // Each aggregation of an append query needs a watermarked key (rule 2; Spark
+            // fails an upstream one only at run time).
+            for op in &operators {
+                if op.info.key_time.is_none() {
+                    return Err(Error::Unsupported {
+                        message: "append output mode is not supported for a streaming \
+                                  aggregation without a watermark on a grouping key"
+                            .into(),
+                        hint: Some(
+                            "Group every aggregation by a window over a watermarked column.".into(),
+                        ),
+                    });
+                }
+            }
+        }
+        if let Some(top) = operators.last_mut() {
+            let schema = top_aggregate_schema(&plan)?;
+            set_output_keys(&mut top.info, &plan, &schema, mode)?;
+        }
+        Ok(StreamingPlan {
+            plan,
+            sources,
+            tables,
+            watermarks,
+            operators,
+            mode,
+            ctx,
+            runtime,
+        })
+    }
+
+    /// The information about the plan's last (top) aggregation, if any.
+    pub fn top_aggregate(&self) -> Option<&AggregateInfo> {
+        self.operators.last().map(|o| &o.info)
+    }
+
+    /// The plan as EXPLAIN shows it.
+    pub fn display(&self) -> String {
+        self.plan.display_indent().to_string()
+    }
+
+    /// The output columns, as the sink writes them.
+    pub fn output_schema(&self) -> SchemaRef {
+        Arc::new(self.plan.schema().as_arrow().clone())
+    }
+
+    /// Opens the stateful operators, in id order.
+    pub fn set_operators(&self, operators: Vec<Box<dyn StatefulOperator>>) {
+        *self
+            .runtime
+            .operators
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = operators
+            .into_iter()
+            .map(|o| Arc::new(tokio::sync::Mutex::new(o)))
+            .collect();
+    }
+
+    /// Runs `f` on each operator, in id order.
+    pub async fn for_each_operator<T>(
+        &self,
+        mut f: impl FnMut(usize, &mut dyn StatefulOperator) -> Result<T>,
+    ) -> Result<Vec<T>> {
+        let ops = self
+            .runtime
+            .operators
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut out = Vec::with_capacity(ops.len());
+        for (i, op) in ops.iter().enumerate() {
+            let mut op = op.lock().await;
+            out.push(f(i, op.as_mut())?);
+        }
+        Ok(out)
+    }
+
+    /// Spark's names for the operators, by id.
+    pub async fn operator_names(&self) -> Vec<&'static str> {
+        self.for_each_operator(|_, op| Ok(op.name()))
+            .await
+            .unwrap_or_default()
+    }
+
+    /// Sets source `i`'s rows for the next batch.
+    pub fn set_rows(&self, i: usize, partitions: Vec<Vec<RecordBatch>>) {
+        if let Some(t) = self.tables.get(i) {
+            t.set(partitions);
+        }
+    }
+
+    /// Plans and runs one batch: `(WM_late, WM_evict)` in microseconds. Returns the rows,
+    /// the planning time, each watermark node's statistics and each operator's counters.
+    pub async fn execute(&self, late_us: i64, evict_us: i64) -> Result<BatchOutput> {
+        self.runtime.begin(late_us, evict_us, self.watermarks.len());
+        let t = std::time::Instant::now();
+        let physical = self.ctx.state().create_physical_plan(&self.plan).await?;
+        let planning = t.elapsed();
+        let rows = datafusion::physical_plan::collect(physical, self.ctx.task_ctx()).await?;
+        let stats = std::mem::take(&mut *lock(&self.runtime.stats));
+        let operators = std::mem::take(&mut *lock(&self.runtime.results));
+        Ok(BatchOutput {
+            rows,
+            planning,
+            stats,
+            operators,
+        })
+    }
+}
+
+/// What one execution of the plan produced.
+pub struct BatchOutput {
+    pub rows: Vec<RecordBatch>,
+    pub planning: Duration,
+    /// By watermark node id.
+    pub stats: Vec<EventTimeStats>,
+    /// By operator id; `None` if the operator did not run.
+    pub operators: Vec<Option<OperatorBatch>>,
+}
+
+/// The output schema of the top `StatefulAggregate`.
+fn top_aggregate_schema(plan: &LogicalPlan) -> Result<datafusion::common::DFSchema> {
+    let mut found = None;
+    plan.apply(|node| {
+        if let LogicalPlan::Extension(e) = node
+            && let Some(a) = e.node.as_any().downcast_ref::<StatefulAggregate>()
+        {
+            found = Some(a.schema.as_ref().clone());
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    found.ok_or_else(|| Error::Internal("no stateful aggregate in the plan".into()))
+}
+
+/// Spark's multiple-watermark policy `min` (spec §2.2): each node's watermark moves to
+/// `max event time - delay` when it saw rows and never goes down; unset nodes count as 0;
+/// the global watermark moves to the minimum only if that is larger.
+pub fn advance_watermark(
+    global_ms: i64,
+    node_wms: &mut [Option<i64>],
+    candidates: &[Option<i64>],
+) -> i64 {
+    for (wm, c) in node_wms.iter_mut().zip(candidates) {
+        if let Some(c) = c {
+            *wm = Some(wm.map_or(*c, |w| w.max(*c)));
+        }
+    }
+    if node_wms.is_empty() {
+        return global_ms;
+    }
+    let chosen = node_wms.iter().map(|w| w.unwrap_or(0)).min().unwrap_or(0);
+    global_ms.max(chosen).max(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn min_policy_waits_for_every_watermarked_input() {
+        let mut nodes = vec![None, None];
+        // Only the first input has rows: unset counts as 0.
+        assert_eq!(advance_watermark(0, &mut nodes, &[Some(5_000), None]), 0);
+        assert_eq!(nodes, vec![Some(5_000), None]);
+        // Both have rows: the minimum.
+        assert_eq!(
+            advance_watermark(0, &mut nodes, &[None, Some(3_000)]),
+            3_000
+        );
+        // A node's watermark never goes down; the global never goes down.
+        assert_eq!(
+            advance_watermark(3_000, &mut nodes, &[Some(1_000), Some(2_000)]),
+            3_000
+        );
+        assert_eq!(nodes, vec![Some(5_000), Some(3_000)]);
+        assert_eq!(
+            advance_watermark(3_000, &mut nodes, &[Some(9_000), Some(8_000)]),
+            8_000
+        );
+    }
+
+    #[test]
+    fn one_watermark_is_its_own_maximum_and_never_negative() {
+        let mut nodes = vec![None];
+        assert_eq!(advance_watermark(0, &mut nodes, &[Some(-600_000)]), 0);
+        assert_eq!(advance_watermark(0, &mut nodes, &[Some(10_000)]), 10_000);
+        assert_eq!(advance_watermark(10_000, &mut nodes, &[None]), 10_000);
+        // No watermark at all: nothing moves.
+        assert_eq!(advance_watermark(7, &mut [], &[]), 7);
+    }
+}
