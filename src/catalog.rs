@@ -76,12 +76,53 @@ impl StreamSource {
 }
 
 /// Options of a table stream.
-const TABLE_OPTIONS: &[&str] = &[
-    "connector",
-    "max_rows_per_trigger",
-    "retention",
-    "segment_bytes",
-];
+/// The options reference of `docs/sql.md`, rendered from the option tables (a test keeps
+/// the page equal to it).
+pub fn options_markdown() -> String {
+    let mut out = String::new();
+    for t in option_tables() {
+        let title = if t.object == "sink" {
+            "Sinks (every connector)".to_string()
+        } else {
+            format!("`{}` streams", t.connector)
+        };
+        out.push_str(&format!(
+            "\n#### {title}\n\n| option | type | default | |\n| --- | --- | --- | --- |\n"
+        ));
+        for o in t.options {
+            let default = match (o.required, o.default) {
+                (true, _) => "required".to_string(),
+                (false, Some(d)) => format!("`{d}`"),
+                (false, None) => "—".to_string(),
+            };
+            let alter = if o.alterable {
+                " `ALTER SINK` can change it."
+            } else {
+                ""
+            };
+            out.push_str(&format!(
+                "| `{}` | {} | {default} | {}.{alter} |\n",
+                o.name,
+                o.ty.describe().replace('|', "\\|"),
+                o.doc
+            ));
+        }
+    }
+    out
+}
+
+/// Every connector's option table, streams then sinks: `SHOW OPTIONS`, `tidemark.options`
+/// and the docs list these.
+pub fn option_tables() -> [&'static crate::sql::options::OptionTable; 6] {
+    [
+        &crate::source::file::OPTIONS,
+        &crate::source::table::OPTIONS,
+        &crate::source::delta::OPTIONS,
+        &crate::source::rate::RATE_OPTIONS,
+        &crate::source::rate::RATE_MICRO_BATCH_OPTIONS,
+        &crate::sink::SINK_OPTIONS,
+    ]
+}
 
 impl StreamDef {
     /// Validates a declaration and derives its source configuration.
@@ -127,18 +168,7 @@ impl StreamDef {
                 c.name
             )));
         }
-        options.check_known(
-            "a file stream",
-            &[
-                "connector",
-                "format",
-                "path",
-                "max_files_per_trigger",
-                "header",
-                "delimiter",
-                "mode",
-            ],
-        )?;
+        options.check(&crate::source::file::OPTIONS)?;
         let format = match options.get("format") {
             None => {
                 return Err(Error::InvalidOption {
@@ -224,7 +254,7 @@ impl StreamDef {
         watermark: Option<WatermarkSpec>,
         options: Options,
     ) -> Result<StreamDef> {
-        options.check_known("a table stream", TABLE_OPTIONS)?;
+        options.check(&crate::source::table::OPTIONS)?;
         check_columns(&name, &columns, watermark.as_ref())?;
         let schema = schema_of(&columns, |c| !c.not_null);
         let retention = options
@@ -287,15 +317,7 @@ impl StreamDef {
             .map_or(crate::config::parallelism() as i64, |n| n as i64);
         let source =
             if connector == "rate" {
-                options.check_known(
-                    "a rate stream",
-                    &[
-                        "connector",
-                        "rows_per_second",
-                        "ramp_up_time",
-                        "num_partitions",
-                    ],
-                )?;
+                options.check(&crate::source::rate::RATE_OPTIONS)?;
                 let ramp_up = options
                     .get("ramp_up_time")
                     .map(crate::sql::options::parse_duration)
@@ -307,16 +329,7 @@ impl StreamDef {
                     num_partitions: partitions,
                 })
             } else {
-                options.check_known(
-                    "a rate_micro_batch stream",
-                    &[
-                        "connector",
-                        "rows_per_batch",
-                        "num_partitions",
-                        "start_timestamp",
-                        "advance_millis_per_batch",
-                    ],
-                )?;
+                options.check(&crate::source::rate::RATE_MICRO_BATCH_OPTIONS)?;
                 let rows = options.positive_int("rows_per_batch")?.ok_or_else(|| {
                     Error::InvalidOption {
                     message:
@@ -352,16 +365,7 @@ impl StreamDef {
         watermark: Option<WatermarkSpec>,
         options: Options,
     ) -> Result<StreamDef> {
-        options.check_known(
-            "a delta stream",
-            &[
-                "connector",
-                "path",
-                "starting_version",
-                "max_files_per_trigger",
-                "ignore_deletes",
-            ],
-        )?;
+        options.check(&crate::source::delta::OPTIONS)?;
         let path = delta_path(&options)?;
         check_columns(&name, &columns, watermark.as_ref())?;
         let schema = schema_of(&columns, |_| true);
@@ -623,5 +627,104 @@ impl Catalog {
 
     pub fn sink_mut(&mut self, name: &str) -> Option<&mut SinkDef> {
         self.sinks.iter_mut().find(|s| s.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn docs_list_every_option_as_the_tables_say() {
+        let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/sql.md"))
+            .expect("docs/sql.md");
+        let begin = "<!-- options: begin (rendered from the option tables) -->\n";
+        let end = "<!-- options: end -->";
+        let section = page
+            .split_once(begin)
+            .and_then(|(_, rest)| rest.split_once(end))
+            .map(|(s, _)| s)
+            .expect("docs/sql.md has the options section");
+        assert_eq!(
+            section,
+            options_markdown(),
+            "docs/sql.md's options section differs from the option tables; paste this in:\n{}",
+            options_markdown()
+        );
+    }
+
+    #[test]
+    fn every_option_has_one_entry_and_a_doc() {
+        for t in option_tables() {
+            let mut names = t.names();
+            names.sort();
+            names.dedup();
+            assert_eq!(
+                names.len(),
+                t.options.len(),
+                "{} lists an option twice",
+                t.what()
+            );
+            assert!(t.options.iter().all(|o| !o.doc.is_empty()));
+            assert!(
+                t.options
+                    .iter()
+                    .all(|o| !(o.required && o.default.is_some()))
+            );
+        }
+    }
+
+    #[test]
+    fn options_are_checked_against_their_table() {
+        let opts = |pairs: &[(&str, &str)]| {
+            Options::try_from_pairs(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            )
+            .unwrap()
+        };
+        let sink = &crate::sink::SINK_OPTIONS;
+        assert!(
+            opts(&[("trigger", "once"), ("state_partitions", "8")])
+                .check(sink)
+                .is_ok()
+        );
+        let e = opts(&[("colour", "red")])
+            .check(sink)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown option \"colour\" for a sink"), "{e}");
+        let e = opts(&[("state_partitions", "0")])
+            .check(sink)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("must be a positive integer"), "{e}");
+        let e = opts(&[("output_mode", "sometimes")])
+            .check(sink)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("invalid output_mode \"sometimes\""), "{e}");
+        assert!(opts(&[("output_mode", "UPDATE")]).check(sink).is_ok());
+        let e = opts(&[("path", "rel/dir")])
+            .check(sink)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("must be absolute"), "{e}");
+        let file = &crate::source::file::OPTIONS;
+        let e = opts(&[("delimiter", ";;")])
+            .check(file)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("one ASCII character"), "{e}");
+        let e = crate::source::rate::RATE_MICRO_BATCH_OPTIONS
+            .check_required(&opts(&[("connector", "rate_micro_batch")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("missing required option \"rows_per_batch\""),
+            "{e}"
+        );
     }
 }

@@ -211,10 +211,10 @@ impl Checkpoint {
 
     /// Deletes log entries older than the retention window, once batch `n` is planned.
     pub fn purge(&self, n: BatchId) {
-        if n <= MIN_BATCHES_TO_RETAIN {
+        if n.get() <= MIN_BATCHES_TO_RETAIN {
             return;
         }
-        let keep_from = n - MIN_BATCHES_TO_RETAIN;
+        let keep_from = n.get() - MIN_BATCHES_TO_RETAIN;
         for dir in [self.offsets_dir(), self.commits_dir()] {
             if let Ok(ids) = numbered(&dir, "") {
                 for id in ids.into_iter().filter(|&id| id < keep_from) {
@@ -229,8 +229,8 @@ fn to_json<T: Serialize>(v: &T) -> Result<String> {
     serde_json::to_string(v).map_err(|e| Error::Internal(format!("encoding JSON: {e}")))
 }
 
-fn latest_id(dir: &Path) -> Result<Option<u64>> {
-    Ok(numbered(dir, "")?.into_iter().max())
+fn latest_id(dir: &Path) -> Result<Option<BatchId>> {
+    Ok(numbered(dir, "")?.into_iter().max().map(BatchId))
 }
 
 #[cfg(test)]
@@ -249,23 +249,29 @@ mod tests {
             },
             offsets: vec![Some(serde_json::json!({"logOffset": 0}))],
         };
-        ck.write_offsets(0, &seq).unwrap();
+        ck.write_offsets(BatchId(0), &seq).unwrap();
         let text = std::fs::read_to_string(dir.path().join("offsets/0")).unwrap();
         assert_eq!(
             text,
             "v1\n{\"batchWatermarkMs\":0,\"batchTimestampMs\":1781085600000,\"conf\":{}}\n{\"logOffset\":0}"
         );
-        assert_eq!(ck.latest_offsets().unwrap(), Some((0, seq.clone())));
-        assert!(ck.write_offsets(0, &seq).is_err(), "the log is append-only");
+        assert_eq!(
+            ck.latest_offsets().unwrap(),
+            Some((BatchId(0), seq.clone()))
+        );
+        assert!(
+            ck.write_offsets(BatchId(0), &seq).is_err(),
+            "the log is append-only"
+        );
         assert_eq!(ck.latest_commit().unwrap(), None);
         ck.write_commit(
-            0,
+            BatchId(0),
             &CommitEntry {
                 next_batch_watermark_ms: 5,
             },
         )
         .unwrap();
-        assert_eq!(ck.latest_commit().unwrap().unwrap().0, 0);
+        assert_eq!(ck.latest_commit().unwrap().unwrap().0, BatchId(0));
         // The id survives reopening.
         assert_eq!(Checkpoint::open(dir.path()).unwrap().id, ck.id);
     }

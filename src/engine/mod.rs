@@ -115,6 +115,14 @@ impl Engine {
             TableReference::partial("tidemark", "progress"),
             Arc::new(SystemTable::progress(registry.clone())),
         )?;
+        let schema = options_schema();
+        engine.ctx.register_table(
+            TableReference::partial("tidemark", "options"),
+            Arc::new(datafusion::datasource::MemTable::try_new(
+                schema.clone(),
+                vec![vec![options_batch(&schema)?]],
+            )?),
+        )?;
         for s in &catalog.streams {
             if let Err(e) = engine.register_stream(s).await {
                 // A Delta table removed while the server was down must not stop startup.
@@ -273,6 +281,11 @@ impl Engine {
                 let batch = queries_batch(&self.registry.all(), &schema)?;
                 Ok(Output::Rows(schema, vec![batch]))
             }
+            TidemarkStatement::ShowOptions => {
+                let schema = options_schema();
+                let batch = options_batch(&schema)?;
+                Ok(Output::Rows(schema, vec![batch]))
+            }
             TidemarkStatement::StopSink { name } => self.stop_sink(&name).await,
             TidemarkStatement::StartSink { name } => self.start_sink(&name).await,
             TidemarkStatement::AlterSink { name, options } => self.alter_sink(&name, options).await,
@@ -334,22 +347,9 @@ impl Engine {
         cat: &Catalog,
         cs: &CreateSink,
     ) -> Result<(SinkDef, query::SinkShape)> {
-        cs.options.check_known(
-            "a sink",
-            &[
-                "connector",
-                "path",
-                "trigger",
-                "output_mode",
-                "checkpoint_location",
-                "watermark",
-                "state_partitions",
-                "state_store",
-                "max_files_per_trigger",
-                "max_rows_per_trigger",
-            ],
-        )?;
+        // The connector first: an unsupported one gets its own 0A000.
         let connector = SinkConnector::parse(cs.options.get("connector").unwrap_or("delta"))?;
+        cs.options.check(&crate::sink::SINK_OPTIONS)?;
         let trigger = Trigger::parse(cs.options.get("trigger").unwrap_or("default"))?;
         let mode = OutputMode::parse(cs.options.get("output_mode").unwrap_or("append"))?;
         if connector.append_only() && mode != OutputMode::Append {
@@ -587,33 +587,27 @@ impl Engine {
         name: &str,
         options: crate::sql::options::Options,
     ) -> Result<Output> {
-        const ALTERABLE: [&str; 3] = ["trigger", "max_files_per_trigger", "max_rows_per_trigger"];
-        for key in options.0.keys() {
-            if ALTERABLE.contains(&key.as_str()) {
-                continue;
-            }
-            let fixed = [
-                "connector",
-                "path",
-                "output_mode",
-                "checkpoint_location",
-                "watermark",
-                "state_partitions",
-                "state_store",
-            ];
-            return Err(if fixed.contains(&key.as_str()) {
-                Error::Unsupported {
-                    message: format!("option \"{key}\" of a sink cannot be altered"),
-                    hint: Some(
-                        "ALTER SINK changes trigger, max_files_per_trigger and \
-                         max_rows_per_trigger. For other \
-                         changes, drop the sink and create it again (with a new \
-                         checkpoint_location if its checkpoint cannot serve the new definition)."
-                            .into(),
-                    ),
-                }
-            } else {
-                Error::invalid_option(format!("unknown option \"{key}\" for a sink"))
+        let table = &crate::sink::SINK_OPTIONS;
+        options.check(table)?;
+        if let Some(key) = options
+            .0
+            .keys()
+            .find(|k| table.get(k).is_some_and(|o| !o.alterable))
+        {
+            let alterable: Vec<&str> = table
+                .options
+                .iter()
+                .filter(|o| o.alterable)
+                .map(|o| o.name)
+                .collect();
+            return Err(Error::Unsupported {
+                message: format!("option \"{key}\" of a sink cannot be altered"),
+                hint: Some(format!(
+                    "ALTER SINK changes {}. For other changes, drop the sink and create it \
+                     again (with a new checkpoint_location if its checkpoint cannot serve the \
+                     new definition).",
+                    alterable.join(", ")
+                )),
             });
         }
         let trigger = options.get("trigger").map(Trigger::parse).transpose()?;
@@ -1006,6 +1000,8 @@ async fn delta_columns(
             hint: Some("Leave the column list out (a WATERMARK FOR clause may stay).".into()),
         });
     }
+    // Bad options before the table is read.
+    options.check(&crate::source::delta::OPTIONS)?;
     let path = crate::catalog::delta_path(options)?;
     let schema = crate::sink::delta::table_schema(&path).await?;
     schema
@@ -1030,9 +1026,61 @@ pub fn result_schema(stmt: &TidemarkStatement) -> Option<SchemaRef> {
         TidemarkStatement::ShowStreams => Some(streams_schema()),
         TidemarkStatement::ShowSinks => Some(sinks_schema()),
         TidemarkStatement::ShowQueries => Some(queries_schema()),
+        TidemarkStatement::ShowOptions => Some(options_schema()),
         TidemarkStatement::ExplainCreateSink(_) => Some(explain_schema()),
         _ => None,
     }
+}
+
+fn options_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("object", DataType::Utf8, false),
+        Field::new("connector", DataType::Utf8, false),
+        Field::new("option", DataType::Utf8, false),
+        Field::new("type", DataType::Utf8, false),
+        Field::new("default", DataType::Utf8, true),
+        Field::new("required", DataType::Boolean, false),
+        Field::new("alterable", DataType::Boolean, false),
+        Field::new("description", DataType::Utf8, false),
+    ]))
+}
+
+/// One row per option of every connector, from the option tables.
+fn options_batch(schema: &SchemaRef) -> Result<RecordBatch> {
+    let rows: Vec<(
+        &crate::sql::options::OptionTable,
+        &crate::sql::options::OptionSpec,
+    )> = crate::catalog::option_tables()
+        .into_iter()
+        .flat_map(|t| t.options.iter().map(move |o| (t, o)))
+        .collect();
+    let text = |f: &dyn Fn(
+        &(
+            &crate::sql::options::OptionTable,
+            &crate::sql::options::OptionSpec,
+        ),
+    ) -> Option<String>|
+     -> ArrayRef {
+        Arc::new(StringArray::from(rows.iter().map(f).collect::<Vec<_>>()))
+    };
+    let flag = |f: &dyn Fn(&crate::sql::options::OptionSpec) -> bool| -> ArrayRef {
+        Arc::new(datafusion::arrow::array::BooleanArray::from(
+            rows.iter().map(|(_, o)| f(o)).collect::<Vec<_>>(),
+        ))
+    };
+    Ok(RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            text(&|(t, _)| Some(t.object.to_string())),
+            text(&|(t, _)| Some(t.connector.to_string())),
+            text(&|(_, o)| Some(o.name.to_string())),
+            text(&|(_, o)| Some(o.ty.describe())),
+            text(&|(_, o)| o.default.map(str::to_string)),
+            flag(&|o| o.required),
+            flag(&|o| o.alterable),
+            text(&|(_, o)| Some(o.doc.to_string())),
+        ],
+    )?)
 }
 
 fn streams_schema() -> SchemaRef {

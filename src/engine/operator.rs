@@ -14,7 +14,6 @@ use datafusion::arrow::record_batch::RecordBatch;
 use super::aggregate::{AggregateBatch, AggregateOperator, WindowKind};
 use crate::error::Result;
 use crate::state::StateMetrics;
-use crate::types::BatchId;
 
 /// What one batch did in an operator: its output rows and the counters progress reports.
 pub type OperatorBatch = AggregateBatch;
@@ -27,8 +26,9 @@ pub trait StatefulOperator: Send {
     /// Whether a moved watermark alone makes a (no-data) batch due (spec §1.3).
     fn wants_no_data_batches(&self) -> bool;
 
-    /// Loads the state version batch `version` starts from.
-    fn load(&mut self, version: BatchId) -> Result<()>;
+    /// Loads state version `version` (batch `N` starts from version `N`:
+    /// `BatchId::state_version`).
+    fn load(&mut self, version: u64) -> Result<()>;
 
     /// Processes one batch's rows; times in microseconds.
     async fn process_batch(
@@ -38,8 +38,9 @@ pub trait StatefulOperator: Send {
         watermark_us: i64,
     ) -> Result<OperatorBatch>;
 
-    /// Commits the state as `version` (batch N commits N + 1); the state's metrics.
-    fn commit(&mut self, version: BatchId) -> Result<StateMetrics>;
+    /// Commits the state as `version` (batch N commits N + 1:
+    /// `BatchId::committed_state_version`); the state's metrics.
+    fn commit(&mut self, version: u64) -> Result<StateMetrics>;
 
     /// Snapshots and removal of old versions, after the commit log.
     fn maintain(&mut self) -> Result<()>;
@@ -58,7 +59,7 @@ impl StatefulOperator for AggregateOperator {
         AggregateOperator::wants_no_data_batches(self)
     }
 
-    fn load(&mut self, version: BatchId) -> Result<()> {
+    fn load(&mut self, version: u64) -> Result<()> {
         self.state_mut().load(version)
     }
 
@@ -71,7 +72,7 @@ impl StatefulOperator for AggregateOperator {
         self.process(rows, late_watermark_us, watermark_us).await
     }
 
-    fn commit(&mut self, version: BatchId) -> Result<StateMetrics> {
+    fn commit(&mut self, version: u64) -> Result<StateMetrics> {
         AggregateOperator::commit(self, version)
     }
 

@@ -375,7 +375,7 @@ impl PartialEq for PlannedBatch {
 fn resume(ckpt: &Checkpoint, sources: usize) -> Result<Resume> {
     let Some((last, seq)) = ckpt.latest_offsets()? else {
         return Ok(Resume {
-            next_batch: 0,
+            next_batch: BatchId(0),
             committed_end: vec![None; sources],
             pending: None,
             watermark_ms: 0,
@@ -388,7 +388,7 @@ fn resume(ckpt: &Checkpoint, sources: usize) -> Result<Resume> {
         && *c == last
     {
         return Ok(Resume {
-            next_batch: last + 1,
+            next_batch: last.next(),
             committed_end: end,
             pending: None,
             watermark_ms: seq
@@ -398,22 +398,23 @@ fn resume(ckpt: &Checkpoint, sources: usize) -> Result<Resume> {
             last_batch_watermark_ms: seq.metadata.batch_watermark_ms,
         });
     }
-    if commit.is_some_and(|(c, _)| c + 1 < last) {
+    if commit.is_some_and(|(c, _)| c.next() < last) {
         tracing::warn!(
-            batch = last,
+            batch = last.get(),
             "commit log is behind by more than one batch; replaying the last"
         );
     }
-    let (start, prev_wm) = if last == 0 {
-        (vec![None; sources], 0)
-    } else {
-        let prev = ckpt
-            .offsets(last - 1)?
-            .ok_or_else(|| Error::Internal(format!("batch {} doesn't exist", last - 1)))?;
-        (
-            source_offsets(&prev, sources),
-            prev.metadata.batch_watermark_ms,
-        )
+    let (start, prev_wm) = match last.prev() {
+        None => (vec![None; sources], 0),
+        Some(before) => {
+            let prev = ckpt
+                .offsets(before)?
+                .ok_or_else(|| Error::Internal(format!("batch {before} doesn't exist")))?;
+            (
+                source_offsets(&prev, sources),
+                prev.metadata.batch_watermark_ms,
+            )
+        }
     };
     if end.iter().all(Option::is_none) {
         return Err(Error::Internal(format!(
@@ -576,7 +577,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         .await?;
         let mut op: Box<dyn StatefulOperator> = Box::new(op);
         // Batch N reads state version N.
-        op.load(next_batch)?;
+        op.load(next_batch.state_version())?;
         operators.push(op);
     }
     let wants_no_data = operators.iter().any(|o| o.wants_no_data_batches());
@@ -616,7 +617,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
     // run ended owing one and no new data is there (after a crash right after the commit
     // log, say), so that a restart emits what an uninterrupted run would have.
     let mut no_data_due =
-        wants_no_data && pending.is_none() && next_batch > 0 && global_wm > last_batch_wm;
+        wants_no_data && pending.is_none() && next_batch > BatchId(0) && global_wm > last_batch_wm;
     let mut prev_trigger_start: Option<Instant> = None;
     let mut trigger_no: u64 = 0;
     let limit = match trigger {
@@ -745,7 +746,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                 );
                 prev_trigger_start = Some(trigger_start);
                 committed_end = b.end.clone();
-                next_batch = b.id + 1;
+                next_batch = b.id.next();
                 last_batch_wm = b.watermark_ms;
                 no_data_due = wants_no_data && global_wm > b.watermark_ms;
                 if trigger == Trigger::Once {
@@ -835,7 +836,7 @@ impl Runner {
         // Batch N commits state version N + 1.
         let metrics = self
             .plan
-            .for_each_operator(|_, op| op.commit(b.id + 1))
+            .for_each_operator(|_, op| op.commit(b.id.committed_state_version()))
             .await?;
         stats.state = metrics
             .into_iter()
@@ -858,10 +859,10 @@ impl Runner {
             .await?
         {
             SinkCommit::Committed { version } => {
-                tracing::debug!(sink = %self.def.name, batch = b.id, version, "delta commit");
+                tracing::debug!(sink = %self.def.name, batch = b.id.get(), version, "delta commit");
             }
             SinkCommit::AlreadyCommitted => {
-                tracing::info!(sink = %self.def.name, batch = b.id, "batch already in the table; skipped");
+                tracing::info!(sink = %self.def.name, batch = b.id.get(), "batch already in the table; skipped");
             }
         }
         crate::testing::crash_point("after_sink_commit");
@@ -967,7 +968,7 @@ impl Runner {
         };
         tracing::info!(
             sink = %self.def.name,
-            batch = b.id,
+            batch = b.id.get(),
             rows = rows_in,
             elapsed_ms = elapsed.as_millis() as u64,
             "micro-batch committed"

@@ -293,7 +293,9 @@ pub fn queries_batch(
         text(&|s| s.run_id.map(|u| u.to_string())),
         text(&|s| Some(s.status.as_str().to_string())),
         Arc::new(Int64Array::from_iter(
-            statuses.iter().map(|s| s.last_batch_id.map(|b| b as i64)),
+            statuses
+                .iter()
+                .map(|s| s.last_batch_id.map(|b| b.get() as i64)),
         )),
         Arc::new(
             TimestampMicrosecondArray::from_iter(
@@ -379,7 +381,7 @@ pub fn progress_batch(
         text(&|p| Some(p.name.clone())),
         text(&|p| Some(p.id.to_string())),
         text(&|p| Some(p.run_id.to_string())),
-        int(&|p| p.batch_id as i64),
+        int(&|p| p.batch_id.get() as i64),
         Arc::new(
             TimestampMicrosecondArray::from_iter_values(
                 reports.iter().map(|p| p.timestamp.timestamp_micros()),

@@ -30,9 +30,9 @@ impl Sink for ConsoleSink {
         _mode: &WriteMode,
     ) -> Result<SinkCommit> {
         let text = datafusion::arrow::util::pretty::pretty_format_batches(&rows)?;
-        tracing::info!(sink = %self.name, batch, "console sink\n{text}");
+        tracing::info!(sink = %self.name, batch = batch.get(), "console sink\n{text}");
         Ok(SinkCommit::Committed {
-            version: batch as i64,
+            version: batch.get() as i64,
         })
     }
 

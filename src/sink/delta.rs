@@ -106,13 +106,13 @@ impl Sink for DeltaSink {
     ) -> Result<SinkCommit> {
         let schema = &self.schema;
         if let Some(v) = self.committed_batch(app_id).await?
-            && v >= batch_id as i64
+            && v >= batch_id.get() as i64
         {
             return Ok(SinkCommit::AlreadyCommitted);
         }
         let table = self.load().await?;
         let props = CommitProperties::default()
-            .with_application_transaction(Transaction::new(app_id, batch_id as i64))
+            .with_application_transaction(Transaction::new(app_id, batch_id.get() as i64))
             .with_metadata([
                 ("queryId".to_string(), serde_json::json!(app_id)),
                 (

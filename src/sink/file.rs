@@ -163,7 +163,7 @@ impl Sink for FileSink {
         _mode: &WriteMode,
     ) -> Result<SinkCommit> {
         let schema = &self.schema;
-        if manifest::last_batch(&self.dir)?.is_some_and(|last| batch_id <= last) {
+        if manifest::last_batch(&self.dir)?.is_some_and(|last| batch_id.get() <= last) {
             return Ok(SinkCommit::AlreadyCommitted);
         }
         let mut statuses = Vec::new();
@@ -193,11 +193,11 @@ impl Sink for FileSink {
             });
         }
         crate::testing::crash_point("sink_files_written");
-        if !manifest::commit(&self.dir, batch_id, &statuses)? {
+        if !manifest::commit(&self.dir, batch_id.get(), &statuses)? {
             return Ok(SinkCommit::AlreadyCommitted);
         }
         Ok(SinkCommit::Committed {
-            version: batch_id as i64,
+            version: batch_id.get() as i64,
         })
     }
 
@@ -234,7 +234,7 @@ mod tests {
                 vec![batch(&schema, id as i64)]
             };
             let c = sink
-                .add_batch("q", id, rows, &WriteMode::Append)
+                .add_batch("q", BatchId(id), rows, &WriteMode::Append)
                 .await
                 .unwrap();
             assert!(matches!(c, SinkCommit::Committed { .. }), "batch {id}");
@@ -266,7 +266,12 @@ mod tests {
         // Replays of a compacted and of a plain batch are skipped.
         for id in [5, 19, 24] {
             let c = sink
-                .add_batch("q", id, vec![batch(&schema, 99)], &WriteMode::Append)
+                .add_batch(
+                    "q",
+                    BatchId(id),
+                    vec![batch(&schema, 99)],
+                    &WriteMode::Append,
+                )
                 .await
                 .unwrap();
             assert!(matches!(c, SinkCommit::AlreadyCommitted), "batch {id}");

@@ -18,7 +18,79 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::datasource::TableProvider;
 
 use crate::error::{Error, Result};
+use crate::sql::options::{OptionSpec, OptionTable, OptionType};
 use crate::types::BatchId;
+
+/// The options of a sink, whatever its connector.
+pub const SINK_OPTIONS: OptionTable = OptionTable {
+    object: "sink",
+    connector: "delta | parquet | json | csv | console",
+    options: &[
+        OptionSpec::new(
+            "connector",
+            OptionType::OneOf(&["delta", "parquet", "json", "csv", "console"]),
+            Some("delta"),
+            "Where the rows go",
+        ),
+        OptionSpec::new(
+            "path",
+            OptionType::Path,
+            Some("<data dir>/tables/<name>"),
+            "The table's directory (a console sink has none)",
+        ),
+        OptionSpec::new(
+            "trigger",
+            OptionType::Trigger,
+            Some("default"),
+            "When micro-batches run: default, processing_time <interval>, available_now, once",
+        )
+        .alterable(),
+        OptionSpec::new(
+            "output_mode",
+            OptionType::OneOf(&["append", "update", "complete"]),
+            Some("append"),
+            "What each batch writes (Spark's output modes)",
+        ),
+        OptionSpec::new(
+            "checkpoint_location",
+            OptionType::Path,
+            Some("<data dir>/checkpoints/<name>"),
+            "The checkpoint directory",
+        ),
+        OptionSpec::new(
+            "watermark",
+            OptionType::Watermark,
+            None,
+            "The event-time watermark, overriding the streams' WATERMARK FOR",
+        ),
+        OptionSpec::new(
+            "state_partitions",
+            OptionType::PositiveInt,
+            Some("4"),
+            "Partitions of the state store; fixed once the checkpoint exists",
+        ),
+        OptionSpec::new(
+            "state_store",
+            OptionType::OneOf(&["memory", "rocksdb"]),
+            Some("memory"),
+            "Where the state lives; fixed once the checkpoint exists",
+        ),
+        OptionSpec::new(
+            "max_files_per_trigger",
+            OptionType::PositiveInt,
+            None,
+            "Overrides the file or Delta streams' own limit",
+        )
+        .alterable(),
+        OptionSpec::new(
+            "max_rows_per_trigger",
+            OptionType::PositiveInt,
+            None,
+            "Overrides the table streams' own limit",
+        )
+        .alterable(),
+    ],
+};
 pub use file::SinkFormat;
 
 /// How a batch's rows go into the sink.

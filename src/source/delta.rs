@@ -28,6 +28,49 @@ use crate::fsutil::read_optional;
 /// Spark's default `maxFilesPerTrigger` for Delta.
 pub const DEFAULT_MAX_FILES: u64 = 1000;
 
+/// The options of a Delta stream (Spark's Delta source).
+pub const OPTIONS: crate::sql::options::OptionTable = {
+    use crate::sql::options::{OptionSpec, OptionTable, OptionType};
+    OptionTable {
+        object: "stream",
+        connector: "delta",
+        options: &[
+            OptionSpec::new(
+                "connector",
+                OptionType::OneOf(&["delta"]),
+                None,
+                "The connector",
+            )
+            .required(),
+            OptionSpec::new(
+                "path",
+                OptionType::Path,
+                None,
+                "The Delta table's directory",
+            )
+            .required(),
+            OptionSpec::new(
+                "starting_version",
+                OptionType::NonNegativeInt,
+                None,
+                "Read the changes from this version on (default: the snapshot at start, then its changes)",
+            ),
+            OptionSpec::new(
+                "max_files_per_trigger",
+                OptionType::PositiveInt,
+                Some("1000"),
+                "At most this many added files per micro-batch",
+            ),
+            OptionSpec::new(
+                "ignore_deletes",
+                OptionType::Boolean,
+                Some("false"),
+                "Skip versions' removals instead of failing",
+            ),
+        ],
+    }
+};
+
 /// How a Delta stream is configured.
 #[derive(Debug, Clone)]
 pub struct DeltaSourceConfig {

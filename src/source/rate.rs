@@ -13,6 +13,80 @@ use futures::StreamExt;
 
 use super::{BatchStream, Offset, ReadLimit, Source};
 use crate::clock::Clock;
+use crate::sql::options::{OptionSpec, OptionTable, OptionType};
+
+/// The options of a `rate` stream (Spark's rate source).
+pub const RATE_OPTIONS: OptionTable = OptionTable {
+    object: "stream",
+    connector: "rate",
+    options: &[
+        OptionSpec::new(
+            "connector",
+            OptionType::OneOf(&["rate"]),
+            None,
+            "The connector",
+        )
+        .required(),
+        OptionSpec::new(
+            "rows_per_second",
+            OptionType::PositiveInt,
+            Some("1"),
+            "Rows generated per second of wall time",
+        ),
+        OptionSpec::new(
+            "ramp_up_time",
+            OptionType::Duration,
+            Some("0 seconds"),
+            "Time to reach rows_per_second (whole seconds)",
+        ),
+        OptionSpec::new(
+            "num_partitions",
+            OptionType::PositiveInt,
+            None,
+            "Partitions the values are spread over (default: the number of cores)",
+        ),
+    ],
+};
+
+/// The options of a `rate_micro_batch` stream (Spark's rate-micro-batch source).
+pub const RATE_MICRO_BATCH_OPTIONS: OptionTable = OptionTable {
+    object: "stream",
+    connector: "rate_micro_batch",
+    options: &[
+        OptionSpec::new(
+            "connector",
+            OptionType::OneOf(&["rate_micro_batch"]),
+            None,
+            "The connector",
+        )
+        .required(),
+        OptionSpec::new(
+            "rows_per_batch",
+            OptionType::PositiveInt,
+            None,
+            "Rows in every micro-batch",
+        )
+        .required(),
+        OptionSpec::new(
+            "num_partitions",
+            OptionType::PositiveInt,
+            None,
+            "Partitions the values are spread over (default: the number of cores)",
+        ),
+        OptionSpec::new(
+            "start_timestamp",
+            OptionType::NonNegativeInt,
+            Some("0"),
+            "The timestamp of batch 0, in ms since the epoch",
+        ),
+        OptionSpec::new(
+            "advance_millis_per_batch",
+            OptionType::NonNegativeInt,
+            Some("1000"),
+            "How far each batch's timestamp moves, in ms",
+        ),
+    ],
+};
 use crate::error::{Error, Result};
 use crate::fsutil::{create_dir_all, read_optional, write_new};
 

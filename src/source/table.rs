@@ -41,6 +41,41 @@ pub const DEFAULT_SEGMENT_BYTES: u64 = 64 << 20;
 /// At most this many waiting statements are written by one sync.
 const MAX_GROUP: usize = 4096;
 
+/// The options of a table stream (fed by INSERT and COPY).
+pub const OPTIONS: crate::sql::options::OptionTable = {
+    use crate::sql::options::{OptionSpec, OptionTable, OptionType};
+    OptionTable {
+        object: "stream",
+        connector: "table",
+        options: &[
+            OptionSpec::new(
+                "connector",
+                OptionType::OneOf(&["table"]),
+                Some("table"),
+                "The connector; 'table' when no path or format is given",
+            ),
+            OptionSpec::new(
+                "max_rows_per_trigger",
+                OptionType::PositiveInt,
+                None,
+                "At most this many rows per micro-batch (unlimited when unset)",
+            ),
+            OptionSpec::new(
+                "retention",
+                OptionType::Duration,
+                None,
+                "The longest a closed segment is kept, even if a sink has not read it (unbounded when unset)",
+            ),
+            OptionSpec::new(
+                "segment_bytes",
+                OptionType::PositiveInt,
+                Some("67108864"),
+                "A segment of the log is closed past this size",
+            ),
+        ],
+    }
+};
+
 /// How a table stream is configured.
 #[derive(Debug, Clone)]
 pub struct TableConfig {

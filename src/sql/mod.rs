@@ -104,7 +104,7 @@ fn is_tidemark(words: &[String]) -> bool {
     match w(0) {
         "CREATE" => matches!(w(1), "STREAM" | "SINK"),
         "DROP" => matches!(w(1), "STREAM" | "SINK"),
-        "SHOW" => matches!(w(1), "STREAMS" | "SINKS" | "QUERIES"),
+        "SHOW" => matches!(w(1), "STREAMS" | "SINKS" | "QUERIES" | "OPTIONS"),
         "STOP" | "START" | "ALTER" => w(1) == "SINK",
         "FLUSH" => true,
         "EXPLAIN" => w(1) == "CREATE" && w(2) == "SINK",

@@ -7,6 +7,180 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+/// The type of an option's value: what validation checks and what `SHOW OPTIONS` and the
+/// docs print.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptionType {
+    Text,
+    /// One ASCII character (or `\t`).
+    Char,
+    /// An absolute path.
+    Path,
+    PositiveInt,
+    NonNegativeInt,
+    Boolean,
+    /// An interval: `'10 minutes'`, `'1 day'` (no months or years).
+    Duration,
+    /// A trigger: `'default'`, `'processing_time 10 seconds'`, `'available_now'`, `'once'`.
+    Trigger,
+    /// `'column - interval'`.
+    Watermark,
+    /// One of these words, in any case.
+    OneOf(&'static [&'static str]),
+}
+
+impl OptionType {
+    /// How `SHOW OPTIONS` names it.
+    pub fn describe(&self) -> String {
+        match self {
+            OptionType::Text => "text".into(),
+            OptionType::Char => "character".into(),
+            OptionType::Path => "absolute path".into(),
+            OptionType::PositiveInt => "positive integer".into(),
+            OptionType::NonNegativeInt => "non-negative integer".into(),
+            OptionType::Boolean => "boolean".into(),
+            OptionType::Duration => "interval".into(),
+            OptionType::Trigger => "trigger".into(),
+            OptionType::Watermark => "column - interval".into(),
+            OptionType::OneOf(words) => words.join(" | "),
+        }
+    }
+
+    /// Checks one value, with the error the option's own parser would give.
+    pub fn check(&self, key: &str, value: &str) -> Result<()> {
+        let one = Options(BTreeMap::from([(key.to_string(), value.to_string())]));
+        match self {
+            OptionType::Text => {}
+            OptionType::Char => {
+                if (value.len() != 1 || !value.is_ascii()) && value != "\\t" {
+                    return Err(Error::invalid_option(format!(
+                        "option \"{key}\" must be one ASCII character, got \"{value}\""
+                    )));
+                }
+            }
+            OptionType::Path => {
+                if !std::path::Path::new(value).is_absolute() {
+                    return Err(Error::invalid_option(format!(
+                        "path \"{value}\" must be absolute"
+                    )));
+                }
+            }
+            OptionType::PositiveInt => {
+                one.positive_int(key)?;
+            }
+            OptionType::NonNegativeInt => {
+                one.non_negative_int(key)?;
+            }
+            OptionType::Boolean => {
+                one.bool(key)?;
+            }
+            OptionType::Duration => {
+                parse_duration(value)?;
+            }
+            OptionType::Trigger => {
+                Trigger::parse(value)?;
+            }
+            OptionType::Watermark => {
+                super::parser::parse_watermark_option(value)?;
+            }
+            OptionType::OneOf(words) => {
+                if !words.iter().any(|w| w.eq_ignore_ascii_case(value.trim())) {
+                    return Err(Error::InvalidOption {
+                        message: format!("invalid {key} \"{value}\""),
+                        hint: Some(format!("Use one of: {}.", words.join(", "))),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One option of a connector.
+#[derive(Debug, Clone, Copy)]
+pub struct OptionSpec {
+    pub name: &'static str,
+    pub ty: OptionType,
+    /// The value when the option is not given, as a user would write it; `None` when the
+    /// option is required or has no default value.
+    pub default: Option<&'static str>,
+    pub required: bool,
+    /// Whether `ALTER SINK ... SET` may change it (sinks only).
+    pub alterable: bool,
+    pub doc: &'static str,
+}
+
+impl OptionSpec {
+    /// An optional option.
+    pub const fn new(
+        name: &'static str,
+        ty: OptionType,
+        default: Option<&'static str>,
+        doc: &'static str,
+    ) -> OptionSpec {
+        OptionSpec {
+            name,
+            ty,
+            default,
+            required: false,
+            alterable: false,
+            doc,
+        }
+    }
+
+    pub const fn required(mut self) -> OptionSpec {
+        self.required = true;
+        self
+    }
+
+    pub const fn alterable(mut self) -> OptionSpec {
+        self.alterable = true;
+        self
+    }
+}
+
+/// The options one connector takes, in one place: validation, errors, `SHOW OPTIONS`,
+/// `tidemark.options` and the docs all read it.
+#[derive(Debug)]
+pub struct OptionTable {
+    /// `stream` or `sink`.
+    pub object: &'static str,
+    pub connector: &'static str,
+    pub options: &'static [OptionSpec],
+}
+
+impl OptionTable {
+    /// "a file stream", "a sink", … as errors name it.
+    pub fn what(&self) -> String {
+        if self.object == "sink" {
+            "a sink".into()
+        } else {
+            format!("a {} {}", self.connector, self.object)
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&OptionSpec> {
+        self.options.iter().find(|o| o.name == name)
+    }
+
+    pub fn names(&self) -> Vec<&'static str> {
+        self.options.iter().map(|o| o.name).collect()
+    }
+
+    /// The options that must be given.
+    pub fn check_required(&self, options: &Options) -> Result<()> {
+        for o in self.options.iter().filter(|o| o.required) {
+            if options.get(o.name).is_none() {
+                return Err(Error::InvalidOption {
+                    message: format!("missing required option \"{}\" for {}", o.name, self.what()),
+                    hint: Some(format!("{}.", o.doc)),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Options as written, keys lowercased, in a stable order.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Options(pub BTreeMap<String, String>);
@@ -23,15 +197,17 @@ impl Options {
         Ok(Options(map))
     }
 
-    /// Refuses keys outside `allowed`, naming the valid ones.
-    pub fn check_known(&self, what: &str, allowed: &[&str]) -> Result<()> {
-        for k in self.0.keys() {
-            if !allowed.contains(&k.as_str()) {
+    /// Checks the options against a connector's table: every key known (else the valid
+    /// ones are named), every value of its option's type.
+    pub fn check(&self, table: &OptionTable) -> Result<()> {
+        for (k, v) in &self.0 {
+            let Some(spec) = table.get(k) else {
                 return Err(Error::InvalidOption {
-                    message: format!("unknown option \"{k}\" for {what}"),
-                    hint: Some(format!("Valid options are: {}.", allowed.join(", "))),
+                    message: format!("unknown option \"{k}\" for {}", table.what()),
+                    hint: Some(format!("Valid options are: {}.", table.names().join(", "))),
                 });
-            }
+            };
+            spec.ty.check(k, v)?;
         }
         Ok(())
     }

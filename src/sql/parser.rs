@@ -6,7 +6,7 @@
 //! CREATE SINK [IF NOT EXISTS] name [WITH (key = value, ...)] AS query
 //! EXPLAIN CREATE SINK ...
 //! DROP STREAM|SINK [IF EXISTS] name
-//! SHOW STREAMS | SHOW SINKS | SHOW QUERIES
+//! SHOW STREAMS | SHOW SINKS | SHOW QUERIES | SHOW OPTIONS
 //! STOP SINK name | START SINK name
 //! FLUSH [SINK name]
 //! ```
@@ -42,6 +42,8 @@ pub enum TidemarkStatement {
     ShowStreams,
     ShowSinks,
     ShowQueries,
+    /// Every connector's options (`tidemark.options`).
+    ShowOptions,
     StopSink {
         name: String,
     },
@@ -193,6 +195,9 @@ fn parse_statement(p: &mut Parser) -> Result<TidemarkStatement> {
         }
         if parse_word(p, "SINKS") {
             return Ok(TidemarkStatement::ShowSinks);
+        }
+        if parse_word(p, "OPTIONS") {
+            return Ok(TidemarkStatement::ShowOptions);
         }
         expect_word(p, "QUERIES")?;
         return Ok(TidemarkStatement::ShowQueries);
@@ -499,6 +504,10 @@ mod tests {
         assert_eq!(
             parse_tidemark("show queries;").unwrap(),
             TidemarkStatement::ShowQueries
+        );
+        assert_eq!(
+            parse_tidemark("SHOW OPTIONS").unwrap(),
+            TidemarkStatement::ShowOptions
         );
         assert_eq!(
             parse_tidemark("FLUSH SINK a").unwrap(),

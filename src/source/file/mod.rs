@@ -24,6 +24,60 @@ use crate::error::{Error, Result};
 use crate::format::{FileDecoder, FilesTable, manifest};
 use log::FileSourceLog;
 
+use crate::sql::options::{OptionSpec, OptionTable, OptionType};
+
+/// The options of a file stream (Spark's file source).
+pub const OPTIONS: OptionTable = OptionTable {
+    object: "stream",
+    connector: "file",
+    options: &[
+        OptionSpec::new(
+            "connector",
+            OptionType::OneOf(&["file"]),
+            Some("file"),
+            "The connector; 'file' when path or format is given",
+        ),
+        OptionSpec::new(
+            "format",
+            OptionType::OneOf(&["json", "csv", "parquet", "text"]),
+            None,
+            "How the files are decoded",
+        )
+        .required(),
+        OptionSpec::new(
+            "path",
+            OptionType::Path,
+            None,
+            "The directory files land in (it must exist)",
+        )
+        .required(),
+        OptionSpec::new(
+            "max_files_per_trigger",
+            OptionType::PositiveInt,
+            None,
+            "At most this many new files per micro-batch (unlimited when unset)",
+        ),
+        OptionSpec::new(
+            "header",
+            OptionType::Boolean,
+            Some("false"),
+            "csv: the first line of each file names the columns",
+        ),
+        OptionSpec::new(
+            "delimiter",
+            OptionType::Char,
+            Some(","),
+            "csv: the field separator",
+        ),
+        OptionSpec::new(
+            "mode",
+            OptionType::OneOf(&["PERMISSIVE", "DROPMALFORMED", "FAILFAST"]),
+            Some("PERMISSIVE"),
+            "json and csv: what a malformed record does (NULLs and _corrupt_record, dropped, or the query fails)",
+        ),
+    ],
+};
+
 /// Everything needed to list and read a stream's files.
 #[derive(Debug, Clone)]
 pub struct FileSourceConfig {
