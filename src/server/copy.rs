@@ -53,9 +53,10 @@ pub fn start<C: ClientInfo>(engine: &Engine, client: &C, copy: CopyFrom) -> PgWi
     .map_err(|e| to_pg_error(&e))?;
     let width = decoder.width();
     *slot(client).0.lock().unwrap_or_else(|e| e.into_inner()) = Some(CopyIn { log, decoder });
-    // Text and CSV are both textual copies (format 0).
+    // Text and CSV are both textual copies (format 0); binary is format 1.
     let format = match copy.options.format {
         CopyFormat::Text | CopyFormat::Csv => 0,
+        CopyFormat::Binary => 1,
     };
     Ok(Response::CopyIn(CopyResponse::new(
         format,

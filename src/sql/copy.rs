@@ -19,11 +19,13 @@ pub struct CopyFrom {
     pub options: CopyOptions,
 }
 
-/// `FORMAT text` or `FORMAT csv`.
+/// `FORMAT text`, `FORMAT csv` or `FORMAT binary`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CopyFormat {
     Text,
     Csv,
+    /// Postgres's binary tuples (what asyncpg's `copy_records_to_table` sends).
+    Binary,
 }
 
 /// The options of a `COPY ... FROM STDIN`.
@@ -117,15 +119,21 @@ pub fn parse_copy_from(sql: &str) -> Result<CopyFrom> {
     };
     let mut quote_set = false;
     let mut escape_set = false;
+    // Options that mean nothing to binary data, as Postgres refuses them.
+    let mut text_only: Option<&'static str> = None;
     for opt in options {
+        match &opt {
+            CopyOption::Delimiter(_) => text_only = text_only.or(Some("DELIMITER")),
+            CopyOption::Null(_) => text_only = text_only.or(Some("NULL")),
+            CopyOption::Header(_) => text_only = text_only.or(Some("HEADER")),
+            CopyOption::Quote(_) => text_only = text_only.or(Some("QUOTE")),
+            CopyOption::Escape(_) => text_only = text_only.or(Some("ESCAPE")),
+            _ => {}
+        }
         match opt {
             CopyOption::Format(f) => match f.value.to_ascii_lowercase().as_str() {
                 "csv" | "text" => {}
-                "binary" => {
-                    return Err(Error::unsupported(
-                        "COPY FORMAT binary is not supported yet",
-                    ));
-                }
+                "binary" => o.format = CopyFormat::Binary,
                 other => {
                     return Err(Error::invalid_option(format!(
                         "COPY format \"{other}\" not recognized"
@@ -177,11 +185,7 @@ pub fn parse_copy_from(sql: &str) -> Result<CopyFrom> {
             CopyLegacyOption::Delimiter(c) => o.delimiter = one_byte(c, "delimiter")?,
             CopyLegacyOption::Null(s) => o.null = s,
             CopyLegacyOption::Header => o.header = true,
-            CopyLegacyOption::Binary => {
-                return Err(Error::unsupported(
-                    "COPY FORMAT binary is not supported yet",
-                ));
-            }
+            CopyLegacyOption::Binary => o.format = CopyFormat::Binary,
             other => {
                 return Err(Error::unsupported(format!(
                     "COPY option {other} is not supported"
@@ -191,6 +195,13 @@ pub fn parse_copy_from(sql: &str) -> Result<CopyFrom> {
     }
     if quote_set && !escape_set {
         o.escape = o.quote;
+    }
+    if o.format == CopyFormat::Binary
+        && let Some(what) = text_only.or(o.header.then_some("HEADER"))
+    {
+        return Err(Error::Syntax(format!(
+            "cannot specify {what} in BINARY mode"
+        )));
     }
     if o.format == CopyFormat::Text && o.header {
         return Err(Error::invalid_option(
@@ -226,7 +237,18 @@ mod tests {
         let c = parse_copy_from("COPY events FROM STDIN WITH CSV HEADER").unwrap();
         assert_eq!(c.options.format, CopyFormat::Csv);
         assert!(c.options.header);
-        assert!(parse_copy_from("COPY events FROM STDIN (FORMAT binary)").is_err());
+        let c =
+            parse_copy_from("COPY \"events\"(\"id\", \"v\") FROM STDIN (FORMAT binary)").unwrap();
+        assert_eq!(c.options.format, CopyFormat::Binary);
+        assert_eq!(c.columns, Some(vec!["id".to_string(), "v".to_string()]));
+        assert_eq!(
+            parse_copy_from("COPY events FROM STDIN BINARY")
+                .unwrap()
+                .options
+                .format,
+            CopyFormat::Binary
+        );
+        assert!(parse_copy_from("COPY events FROM STDIN (FORMAT binary, DELIMITER ',')").is_err());
         assert!(parse_copy_from("COPY events FROM STDIN (HEADER)").is_err());
     }
 }

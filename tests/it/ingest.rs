@@ -1,7 +1,7 @@
 //! Streams fed over the wire, against a real server process: INSERT with parameters and
 //! COPY through the extended protocol (tokio-postgres), psycopg's `executemany` and
-//! `copy`, pgjdbc's `executeBatch`, and SIGKILL while concurrent INSERT and COPY clients
-//! run.
+//! `copy`, asyncpg's `copy_records_to_table` (binary COPY) and `executemany`, pgjdbc's
+//! `executeBatch`, and SIGKILL while concurrent INSERT and COPY clients run.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -105,6 +105,21 @@ async fn insert_and_copy_through_the_extended_protocol_and_psycopg() {
         .chain(2000..2300)
         .collect();
     assert_eq!(ids(&client, "SELECT id FROM events").await, want);
+
+    // asyncpg: copy_records_to_table (binary COPY) over every column type, and
+    // executemany; the script checks the rows read back (CI installs asyncpg).
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/asyncpg_ingest.py");
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .arg(server.port.to_string())
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "asyncpg ingest failed (is asyncpg installed? pip install asyncpg):\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // pgjdbc: a batch of prepared INSERTs, each with update count 1 (CI installs Java and
     // Debian's libpostgresql-jdbc-java).
