@@ -230,7 +230,8 @@ impl Engine {
         self.data_dir.join("streams").join(name)
     }
 
-    fn table_log(&self, stream: &str) -> Option<Arc<TableLog>> {
+    /// The open log of a table stream.
+    pub fn table_log(&self, stream: &str) -> Option<Arc<TableLog>> {
         self.logs
             .lock()
             .unwrap_or_else(|e| e.into_inner())

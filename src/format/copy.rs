@@ -80,6 +80,8 @@ pub struct CopyDecoder {
     header_done: bool,
     error: Option<Error>,
     rows: u64,
+    /// Rows pushed by an `INSERT` (not COPY data): errors name the row, not a line.
+    insert: bool,
 }
 
 impl CopyDecoder {
@@ -125,7 +127,53 @@ impl CopyDecoder {
             header_done: false,
             error: None,
             rows: 0,
+            insert: false,
         })
+    }
+
+    /// A decoder of the rows of an `INSERT` whose values arrive as text (bound
+    /// parameters): the same conversions, checks and SQLSTATEs as COPY's.
+    pub fn for_insert(
+        table: &str,
+        schema: SchemaRef,
+        columns: Option<&[String]>,
+    ) -> Result<CopyDecoder> {
+        let mut d = CopyDecoder::new(table, schema, columns, CopyOptions::text())?;
+        d.insert = true;
+        Ok(d)
+    }
+
+    /// One row of field texts (`None` is NULL), in the column order of [`CopyDecoder::new`].
+    pub fn push_row(&mut self, fields: Vec<Option<String>>) {
+        if self.error.is_some() {
+            return;
+        }
+        self.line += 1;
+        if fields.len() != self.columns.len() {
+            return self.fail(
+                CopyError::Format,
+                format!(
+                    "expected {} values, got {}",
+                    self.columns.len(),
+                    fields.len()
+                ),
+            );
+        }
+        self.append_fields(fields);
+    }
+
+    /// Buffers one row's fields (their count checked), flushing a full batch.
+    fn append_fields(&mut self, fields: Vec<Option<String>>) {
+        for (b, f) in self.builders.iter_mut().zip(fields) {
+            match f {
+                Some(v) => b.append_value(v),
+                None => b.append_null(),
+            }
+        }
+        self.lines.push(self.line);
+        if self.lines.len() >= BATCH_ROWS {
+            self.flush();
+        }
     }
 
     /// The number of columns each line holds.
@@ -297,10 +345,12 @@ impl CopyDecoder {
 
     fn fail(&mut self, kind: CopyError, message: String) {
         if self.error.is_none() {
-            self.error = Some(bad(
-                kind,
-                format!("{message} (COPY {}, line {})", self.table, self.line),
-            ));
+            let message = if self.insert {
+                message
+            } else {
+                format!("{message} (COPY {}, line {})", self.table, self.line)
+            };
+            self.error = Some(bad(kind, message));
         }
     }
 
@@ -332,16 +382,7 @@ impl CopyDecoder {
             };
             return self.fail(CopyError::Format, msg);
         }
-        for (b, f) in self.builders.iter_mut().zip(fields) {
-            match f {
-                Some(v) => b.append_value(v),
-                None => b.append_null(),
-            }
-        }
-        self.lines.push(self.line);
-        if self.lines.len() >= BATCH_ROWS {
-            self.flush();
-        }
+        self.append_fields(fields);
     }
 
     /// Converts the buffered rows into a batch of the table's types.
@@ -426,7 +467,7 @@ impl CopyDecoder {
 
 /// One field of binary COPY data as the text its column's cast reads (the values are then
 /// converted, checked and reported like text and CSV data).
-fn binary_to_text(ty: &DataType, b: &[u8]) -> std::result::Result<String, String> {
+pub fn binary_to_text(ty: &DataType, b: &[u8]) -> std::result::Result<String, String> {
     let wrong = |what: &str| {
         format!(
             "incorrect binary data format for {what} ({} bytes)",

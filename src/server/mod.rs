@@ -41,6 +41,7 @@ use pgwire::messages::extendedquery::{Describe, TARGET_TYPE_BYTE_STATEMENT};
 use tokio::net::TcpListener;
 
 mod copy;
+mod insert;
 
 use crate::engine::{Engine, Output};
 use crate::error::{Error, classify_datafusion, parser_message, strip_datafusion_prefix};
@@ -432,6 +433,15 @@ impl ExtendedQueryHandler for TidemarkService {
             return self
                 .run_tidemark(client, text, &portal.result_column_format)
                 .await;
+        }
+        if let (_, Some((stmt, _))) = &portal.statement.statement
+            && let Some(fast) =
+                insert::FastInsert::analyze(&self.engine, stmt, &portal.statement.parameter_types)
+        {
+            let rows = fast.execute(portal).await.map_err(|e| to_pg_error(&e))?;
+            return Ok(Response::Execution(
+                Tag::new("INSERT").with_oid(0).with_rows(rows as usize),
+            ));
         }
         ExtendedQueryHandler::do_query(self.inner.as_ref(), client, portal, max_rows)
             .await

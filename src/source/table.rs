@@ -41,6 +41,9 @@ pub const DEFAULT_SEGMENT_BYTES: u64 = 64 << 20;
 /// At most this many waiting statements are written by one sync.
 const MAX_GROUP: usize = 4096;
 
+/// Appends of at most this many rows are encoded on the calling task.
+const SMALL_APPEND_ROWS: usize = 1024;
+
 /// The options of a table stream (fed by INSERT and COPY).
 pub const OPTIONS: crate::sql::options::OptionTable = {
     use crate::sql::options::{OptionSpec, OptionTable, OptionType};
@@ -322,9 +325,15 @@ impl TableLog {
     /// the number of rows. All or nothing.
     pub async fn append(&self, batches: Vec<RecordBatch>) -> Result<u64> {
         let schema = self.config.schema.clone();
-        let (rows, payload) = tokio::task::spawn_blocking(move || encode(&schema, &batches))
-            .await
-            .map_err(|e| Error::Internal(format!("encoding rows: {e}")))??;
+        // A few rows (an INSERT) are encoded in place; a large COPY off the async threads.
+        let small = batches.iter().map(|b| b.num_rows()).sum::<usize>() <= SMALL_APPEND_ROWS;
+        let (rows, payload) = if small {
+            encode(&schema, &batches)?
+        } else {
+            tokio::task::spawn_blocking(move || encode(&schema, &batches))
+                .await
+                .map_err(|e| Error::Internal(format!("encoding rows: {e}")))??
+        };
         if rows == 0 {
             return Ok(0);
         }

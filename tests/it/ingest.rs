@@ -65,6 +65,57 @@ async fn insert_and_copy_through_the_extended_protocol_and_psycopg() {
         .await
         .unwrap_err();
     assert_eq!(err.code().unwrap().code(), "23502", "{err}");
+    // Several rows of parameters in one statement, a column list, text parameters: the
+    // fast path (rows built from the parameters); a bad value is 22P02 and appends nothing.
+    let multi = client
+        .prepare_typed(
+            "INSERT INTO events (v, id, ts) VALUES ($1, $2, $3), ($4, $5, $3)",
+            &[
+                tokio_postgres::types::Type::FLOAT8,
+                tokio_postgres::types::Type::INT4,
+                tokio_postgres::types::Type::TEXT,
+                tokio_postgres::types::Type::FLOAT8,
+                tokio_postgres::types::Type::INT8,
+            ],
+        )
+        .await
+        .unwrap();
+    let n = client
+        .execute(
+            &multi,
+            &[&1.5f64, &20i32, &"2026-06-10 10:00:00", &2.5f64, &21i64],
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, 2);
+    let err = client
+        .execute(&multi, &[&1.5f64, &22i32, &"not a time", &2.5f64, &23i64])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code().unwrap().code(), "22P02", "{err}");
+    // The fast path's message, as COPY's (DataFusion's would be about "parsing").
+    let db = err.as_db_error().unwrap().message().to_string();
+    assert!(
+        db.contains("invalid input syntax for type timestamp: \"not a time\", column ts"),
+        "{db}"
+    );
+    // A literal among the values: DataFusion's path, same result.
+    let mixed = client
+        .prepare("INSERT INTO events VALUES ($1, '2026-06-10 10:00:00', 0.25)")
+        .await
+        .unwrap();
+    assert_eq!(client.execute(&mixed, &[&24i64]).await.unwrap(), 1);
+    let got: Vec<(i64, f64)> = client
+        .query(
+            "SELECT id, v FROM events WHERE id BETWEEN 20 AND 24 ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(got, vec![(20, 1.5), (21, 2.5), (24, 0.25)]);
 
     // COPY in the extended protocol.
     let n = copy_rows(&client, &(100..150).collect::<Vec<_>>())
@@ -82,7 +133,7 @@ async fn insert_and_copy_through_the_extended_protocol_and_psycopg() {
     let err = sink.finish().await.unwrap_err();
     assert_eq!(err.code().unwrap().code(), "22P02", "{err}");
 
-    let want: Vec<i64> = (0..20).chain(100..150).collect();
+    let want: Vec<i64> = (0..22).chain([24]).chain(100..150).collect();
     assert_eq!(ids(&client, "SELECT id FROM events").await, want);
 
     // psycopg 3: executemany and cursor.copy (CI installs it; elsewhere it must be there
@@ -99,7 +150,8 @@ async fn insert_and_copy_through_the_extended_protocol_and_psycopg() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let want: Vec<i64> = (0..20)
+    let want: Vec<i64> = (0..22)
+        .chain([24])
         .chain(100..150)
         .chain(1000..1100)
         .chain(2000..2300)
