@@ -196,8 +196,12 @@ pub async fn analyze_sink(
     mode: OutputMode,
     state: &StateConfig,
 ) -> Result<SinkShape> {
-    let sql = crate::sql::expand_window_refs(query)?;
     let plan = build_plan(query, streams, sink_wm, mode, state).await?;
+    shape_of(query, &plan)
+}
+
+/// What a built plan writes and how.
+fn shape_of(query: &str, plan: &StreamingPlan) -> Result<SinkShape> {
     let fields: Vec<Field> = plan
         .output_schema()
         .fields()
@@ -214,11 +218,11 @@ pub async fn analyze_sink(
         }
     }
     Ok(SinkShape {
-        sql,
+        sql: crate::sql::expand_window_refs(query)?,
         schema: Arc::new(Schema::new(fields)),
         aggregate: plan.top_aggregate().cloned(),
         operators: plan.operators.iter().map(|o| o.info.clone()).collect(),
-        mode,
+        mode: plan.mode,
         watermarks: plan.watermarks.clone(),
         plan_text: plan.display(),
     })
@@ -541,7 +545,8 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         store: def.state_store.as_str().to_string(),
         partitions: def.state_partitions,
     };
-    let shape = analyze_sink(&def.query, &streams, sink_wm.as_ref(), mode, &state).await?;
+    let plan = build_plan(&def.query, &streams, sink_wm.as_ref(), mode, &state).await?;
+    let shape = shape_of(&def.query, &plan)?;
     crate::checkpoint::record_definition(
         ckpt.root(),
         &def.name,
@@ -551,7 +556,6 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         .connector()?
         .open(&def.name, &def.path, &shape.schema)
         .await?;
-    let plan = build_plan(&def.query, &streams, sink_wm.as_ref(), mode, &state).await?;
     let mut sources = Vec::with_capacity(plan.sources.len());
     for i in 0..plan.sources.len() {
         sources.push(open_source(&task, &ckpt, i)?);
