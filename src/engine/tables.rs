@@ -361,21 +361,34 @@ pub fn progress_batch(
             .with_timezone("UTC"),
         )
     };
+    // Several stateful operators: the sum over them (the JSON has each).
     let state = |f: &dyn Fn(&StateOperatorProgress) -> u64| -> ArrayRef {
-        Arc::new(Int64Array::from_iter(
-            reports
-                .iter()
-                .map(|p| p.state_operators.first().map(|s| f(s) as i64)),
-        ))
+        Arc::new(Int64Array::from_iter(reports.iter().map(|p| {
+            (!p.state_operators.is_empty())
+                .then(|| p.state_operators.iter().map(|s| f(s) as i64).sum::<i64>())
+        })))
     };
+    // One source: its offset; several: a JSON array of theirs, by source index.
     let offset = |p: &Progress, start: bool| {
-        let src = p.sources.first()?;
-        let o = if start {
-            &src.start_offset
-        } else {
-            &src.end_offset
+        let pick = |src: &super::progress::SourceProgress| {
+            if start {
+                src.start_offset.clone()
+            } else {
+                src.end_offset.clone()
+            }
         };
-        o.as_ref().map(|v| v.to_string())
+        match p.sources.as_slice() {
+            [] => None,
+            [one] => pick(one).map(|v| v.to_string()),
+            many => Some(
+                serde_json::Value::Array(
+                    many.iter()
+                        .map(|s| pick(s).unwrap_or(serde_json::Value::Null))
+                        .collect(),
+                )
+                .to_string(),
+            ),
+        }
     };
     let cols: Vec<ArrayRef> = vec![
         text(&|p| Some(p.name.clone())),
