@@ -144,6 +144,68 @@ fn read_commit(table: &Path, version: u64) -> Result<Option<Commit>> {
     Ok(Some(c))
 }
 
+/// The newest single-file checkpoint, `_delta_log/<v>.checkpoint.parquet`, as one commit
+/// that adds every file live at `v` (Delta's snapshot there). `None` if there is none.
+fn read_checkpoint(table: &Path) -> Result<Option<(u64, Commit)>> {
+    use datafusion::arrow::array::{Array, AsArray};
+    use datafusion::arrow::datatypes::DataType;
+    let dir = log_dir(table);
+    let listing = std::fs::read_dir(&dir)
+        .map_err(|e| Error::BadInput(format!("listing {}: {e}", dir.display())))?;
+    let version = listing
+        .flatten()
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()?
+                .strip_suffix(".checkpoint.parquet")?
+                .parse::<u64>()
+                .ok()
+        })
+        .max();
+    let Some(version) = version else {
+        return Ok(None);
+    };
+    let file = dir.join(format!("{version:020}.checkpoint.parquet"));
+    let bad = |e: &dyn std::fmt::Display| {
+        Error::BadInput(format!("reading Delta checkpoint {}: {e}", file.display()))
+    };
+    let f = std::fs::File::open(&file).map_err(|e| bad(&e))?;
+    let reader =
+        datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
+            .and_then(|b| b.build())
+            .map_err(|e| bad(&e))?;
+    let mut c = Commit::default();
+    let strings = |a: &datafusion::arrow::array::ArrayRef| {
+        datafusion::arrow::compute::cast(a, &DataType::Utf8).map_err(|e| bad(&e))
+    };
+    for batch in reader {
+        let batch = batch.map_err(|e| bad(&e))?;
+        if let Some(add) = batch.column_by_name("add").and_then(|a| a.as_struct_opt())
+            && let Some(path) = add.column_by_name("path")
+        {
+            let path = strings(path)?;
+            let path = path.as_string::<i32>();
+            for i in 0..add.len() {
+                if add.is_valid(i) && path.is_valid(i) {
+                    c.adds.push(percent_decode(path.value(i)));
+                }
+            }
+        }
+        if let Some(meta) = batch
+            .column_by_name("metaData")
+            .and_then(|a| a.as_struct_opt())
+            && let Some(id) = meta.column_by_name("id")
+        {
+            let id = strings(id)?;
+            let id = id.as_string::<i32>();
+            if let Some(i) = (0..meta.len()).find(|&i| meta.is_valid(i) && id.is_valid(i)) {
+                c.table_id = Some(id.value(i).to_string());
+            }
+        }
+    }
+    Ok(Some((version, c)))
+}
+
 fn path_of(action: &Value) -> Result<String> {
     let p = action
         .get("path")
@@ -186,6 +248,9 @@ pub struct DeltaSource {
     table_id: String,
     /// `available_now`: the end fixed when the run started.
     fixed: Option<Option<Position>>,
+    /// The checkpoint the log starts from when its early commits were cleaned up: the
+    /// commit at this version is that snapshot, not a version's changes.
+    base: Option<u64>,
 }
 
 impl DeltaSource {
@@ -202,15 +267,12 @@ impl DeltaSource {
             plan: None,
             table_id: String::new(),
             fixed: None,
+            base: None,
         }
     }
 
     /// Reads the commits not read yet, up to the table's latest version.
     fn refresh(&mut self) -> Result<()> {
-        let mut v = match self.commits.keys().next_back() {
-            Some(&last) => last + 1,
-            None => 0,
-        };
         if self.commits.is_empty()
             && !log_dir(&self.config.path)
                 .join(format!("{:020}.json", 0))
@@ -222,12 +284,24 @@ impl DeltaSource {
                     self.config.path.display()
                 )));
             }
-            return Err(Error::unsupported(format!(
-                "the Delta table at \"{}\" has no commit 0 (its log was cleaned up): \
-                 reading from a checkpoint is not supported yet",
-                self.config.path.display()
-            )));
+            // The early commits were cleaned up: start from the newest checkpoint.
+            let Some((version, c)) = read_checkpoint(&self.config.path)? else {
+                return Err(Error::unsupported(format!(
+                    "the Delta table at \"{}\" has no commit 0 and no single-file checkpoint \
+                     to start from",
+                    self.config.path.display()
+                )));
+            };
+            if let Some(id) = &c.table_id {
+                self.table_id = id.clone();
+            }
+            self.commits.insert(version, c);
+            self.base = Some(version);
         }
+        let mut v = match self.commits.keys().next_back() {
+            Some(&last) => last + 1,
+            None => 0,
+        };
         while let Some(c) = read_commit(&self.config.path, v)? {
             if let Some(id) = &c.table_id {
                 self.table_id = id.clone();
@@ -293,6 +367,24 @@ impl DeltaSource {
             self.plan = Some(self.plan(start));
         }
         let plan = self.plan.clone().unwrap_or_default();
+        // Changes (or a snapshot) from before the checkpoint the log starts at are gone.
+        if let Some(base) = self.base
+            && plan.changes_from <= base
+        {
+            return Err(Error::Unsupported {
+                message: format!(
+                    "the Delta table at \"{}\" keeps its log from version {base} on (older \
+                     commits were cleaned up); this stream needs the changes from version {}",
+                    self.config.path.display(),
+                    plan.changes_from
+                ),
+                hint: Some(
+                    "Create the stream again without starting_version (it starts from the \
+                     latest snapshot), or with a starting_version after the checkpoint."
+                        .into(),
+                ),
+            });
+        }
         let mut out: Vec<(Position, String)> = plan
             .snapshot
             .into_iter()

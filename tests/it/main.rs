@@ -2,6 +2,7 @@
 
 mod architecture;
 mod crash;
+mod delta;
 mod failure;
 mod harness;
 mod ingest;

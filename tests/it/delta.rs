@@ -1,0 +1,103 @@
+//! A Delta source over a table whose early commits were cleaned up: it starts from the
+//! newest checkpoint (written here by delta-rs itself), then reads the JSON commits after
+//! it; a stream that needs the removed changes fails with the reason.
+
+use tokio_postgres::Client;
+
+use crate::harness::TestServer;
+
+async fn ids(client: &Client, sql: &str) -> Vec<i64> {
+    let mut out: Vec<i64> = client
+        .query(sql, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .iter()
+        .map(|r| r.get::<_, i64>(0))
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delta_stream_starts_from_a_checkpoint_when_the_log_was_cleaned() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bronze = tmp.path().join("bronze");
+    let server = TestServer::start(&tmp.path().join("data"), 0, &[]).await;
+    let client = server.connect().await;
+    client
+        .batch_execute(&format!(
+            "CREATE STREAM src (id BIGINT, v DOUBLE PRECISION);
+             CREATE SINK bronze WITH (path = '{}') AS SELECT id, v FROM src",
+            bronze.display()
+        ))
+        .await
+        .unwrap();
+    for k in 0..3i64 {
+        client
+            .batch_execute(&format!(
+                "INSERT INTO src VALUES ({}, 1.0), ({}, 2.0); FLUSH SINK bronze",
+                k * 10,
+                k * 10 + 1
+            ))
+            .await
+            .unwrap();
+    }
+    client.batch_execute("STOP SINK bronze").await.unwrap();
+    // delta-rs writes a checkpoint of the latest version; the JSON commits before it go,
+    // as Delta's log cleanup removes them.
+    let url = url::Url::from_directory_path(&bronze).unwrap();
+    let table = deltalake::open_table(url).await.unwrap();
+    let version = table.version().unwrap() as u64;
+    deltalake::checkpoints::create_checkpoint(&table, None)
+        .await
+        .unwrap();
+    let log = bronze.join("_delta_log");
+    assert!(
+        log.join(format!("{version:020}.checkpoint.parquet"))
+            .exists(),
+        "delta-rs wrote no checkpoint"
+    );
+    for v in 0..version {
+        std::fs::remove_file(log.join(format!("{v:020}.json"))).unwrap();
+    }
+    client
+        .batch_execute(&format!(
+            "CREATE STREAM bronze_s WITH (connector = 'delta', path = '{b}');
+             CREATE SINK silver AS SELECT id, v FROM bronze_s;
+             FLUSH SINK silver",
+            b = bronze.display()
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
+    let want = ids(&client, "SELECT id FROM src").await;
+    assert_eq!(want.len(), 6);
+    assert_eq!(ids(&client, "SELECT id FROM silver").await, want);
+    // Commits after the checkpoint are read from their JSON.
+    client
+        .batch_execute(
+            "START SINK bronze; INSERT INTO src VALUES (100, 3.0); FLUSH SINK bronze; \
+             FLUSH SINK silver",
+        )
+        .await
+        .unwrap();
+    let want = ids(&client, "SELECT id FROM src").await;
+    assert_eq!(want.len(), 7);
+    assert_eq!(ids(&client, "SELECT id FROM silver").await, want);
+    // A stream that needs the cleaned-up changes fails, saying why.
+    client
+        .batch_execute(&format!(
+            "CREATE STREAM old_s WITH (connector = 'delta', path = '{}', starting_version = 1);
+             CREATE SINK old AS SELECT id FROM old_s",
+            bronze.display()
+        ))
+        .await
+        .unwrap();
+    let err = client.batch_execute("FLUSH SINK old").await.unwrap_err();
+    let msg = err
+        .as_db_error()
+        .map(|e| e.message().to_string())
+        .unwrap_or_default();
+    assert!(msg.contains("older commits were cleaned up"), "{err}");
+    drop(client);
+    server.stop().await;
+}
