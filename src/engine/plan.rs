@@ -983,22 +983,6 @@ impl StreamingPlan {
         let plan = rewritten.data;
         let (watermarks, mut operators) = (builder.watermarks, builder.operators);
         check_plan(&plan, operators.len(), mode)?;
-        if mode == OutputMode::Append {
-            // Each aggregation of an append query needs a watermarked key (rule 2; Spark
-            // fails an upstream one only at run time).
-            for op in &operators {
-                if op.info.key_time.is_none() {
-                    return Err(Error::Unsupported {
-                        message: "append output mode is not supported for a streaming \
-                                  aggregation without a watermark on a grouping key"
-                            .into(),
-                        hint: Some(
-                            "Group every aggregation by a window over a watermarked column.".into(),
-                        ),
-                    });
-                }
-            }
-        }
         if let Some(top) = operators.last_mut() {
             let schema = top_aggregate_schema(&plan)?;
             set_output_keys(&mut top.info, &plan, &schema, mode)?;

@@ -26,6 +26,26 @@ async fn ids(client: &Client, sql: &str) -> Vec<i64> {
     out
 }
 
+/// A file beside this test.
+fn script(name: &str) -> String {
+    format!("{}/tests/it/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Runs a driver's client program; a missing program or a failure fails the test (CI
+/// installs them), never a skip.
+fn run_client(what: &str, program: &str, args: &[&str]) {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run {program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// One COPY in text format through tokio-postgres (Parse/Bind/Execute, then CopyData).
 async fn copy_rows(client: &Client, rows: &[i64]) -> Result<u64, tokio_postgres::Error> {
     let mut text = String::new();
@@ -138,17 +158,10 @@ async fn insert_and_copy_through_the_extended_protocol_and_psycopg() {
 
     // psycopg 3: executemany and cursor.copy (CI installs it; elsewhere it must be there
     // too, or this test fails rather than skipping).
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/psycopg_ingest.py");
-    let out = std::process::Command::new("python3")
-        .arg(script)
-        .arg(server.port.to_string())
-        .output()
-        .expect("run python3");
-    assert!(
-        out.status.success(),
-        "psycopg ingest failed (is psycopg installed? pip install 'psycopg[binary]'):\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    run_client(
+        "psycopg ingest (is psycopg installed? pip install 'psycopg[binary]')",
+        "python3",
+        &[&script("psycopg_ingest.py"), &server.port.to_string()],
     );
     let want: Vec<i64> = (0..22)
         .chain([24])
@@ -160,32 +173,23 @@ async fn insert_and_copy_through_the_extended_protocol_and_psycopg() {
 
     // asyncpg: copy_records_to_table (binary COPY) over every column type, and
     // executemany; the script checks the rows read back (CI installs asyncpg).
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/asyncpg_ingest.py");
-    let out = std::process::Command::new("python3")
-        .arg(script)
-        .arg(server.port.to_string())
-        .output()
-        .expect("run python3");
-    assert!(
-        out.status.success(),
-        "asyncpg ingest failed (is asyncpg installed? pip install asyncpg):\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    run_client(
+        "asyncpg ingest (is asyncpg installed? pip install asyncpg)",
+        "python3",
+        &[&script("asyncpg_ingest.py"), &server.port.to_string()],
     );
 
     // pgjdbc: a batch of prepared INSERTs, each with update count 1 (CI installs Java and
     // Debian's libpostgresql-jdbc-java).
-    let java = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/JdbcIngest.java");
-    let out = std::process::Command::new("java")
-        .args(["-cp", "/usr/share/java/postgresql.jar", java])
-        .arg(server.port.to_string())
-        .output()
-        .expect("run java (apt-get install default-jre-headless libpostgresql-jdbc-java)");
-    assert!(
-        out.status.success(),
-        "pgjdbc ingest failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    run_client(
+        "pgjdbc ingest (apt-get install default-jre-headless libpostgresql-jdbc-java)",
+        "java",
+        &[
+            "-cp",
+            "/usr/share/java/postgresql.jar",
+            &script("JdbcIngest.java"),
+            &server.port.to_string(),
+        ],
     );
     let want: Vec<i64> = want.into_iter().chain(5000..5100).collect();
     assert_eq!(ids(&client, "SELECT id FROM events").await, want);
