@@ -15,6 +15,23 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 
 /// [`write_atomic`], calling `before_rename` once the temp file is durable (a crash point).
 pub fn write_atomic_then(path: &Path, bytes: &[u8], before_rename: impl FnOnce()) -> Result<()> {
+    write_atomic_with(
+        path,
+        |out| {
+            out.write_all(bytes)
+                .map_err(|e| Error::io(format!("writing {}", path.display()), e))
+        },
+        before_rename,
+    )
+}
+
+/// [`write_atomic_then`] with the content streamed by `write` through a buffered writer,
+/// so that a large file is never held in memory whole.
+pub fn write_atomic_with(
+    path: &Path,
+    write: impl FnOnce(&mut dyn Write) -> Result<()>,
+    before_rename: impl FnOnce(),
+) -> Result<()> {
     let dir = path
         .parent()
         .ok_or_else(|| Error::Internal(format!("{} has no parent", path.display())))?;
@@ -26,9 +43,19 @@ pub fn write_atomic_then(path: &Path, bytes: &[u8], before_rename: impl FnOnce()
     let tmp = dir.join(format!(".{name}.{}.tmp", uuid::Uuid::new_v4().simple()));
     let ctx = |what: &str| format!("{what} {}", tmp.display());
     {
-        let mut f = File::create(&tmp).map_err(|e| Error::io(ctx("creating"), e))?;
-        f.write_all(bytes)
-            .map_err(|e| Error::io(ctx("writing"), e))?;
+        let f = File::create(&tmp).map_err(|e| Error::io(ctx("creating"), e))?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, f);
+        let written = write(&mut out).and_then(|()| {
+            out.into_inner()
+                .map_err(|e| Error::io(ctx("writing"), e.into_error()))
+        });
+        let f = match written {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
         f.sync_all().map_err(|e| Error::io(ctx("syncing"), e))?;
     }
     before_rename();

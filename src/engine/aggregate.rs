@@ -698,28 +698,21 @@ impl AggregateOperator {
 
         // Emit, and evict what the watermark has closed.
         let started = std::time::Instant::now();
-        let schema = self.state.schema();
-        let closed = |this: &Self| -> Result<RecordBatch> {
+        let evict = |this: &mut Self| -> Result<RecordBatch> {
             match key_time {
-                Some(_) if wm_evict_us > 0 => this.state.expired(wm_evict_us),
+                Some(_) if wm_evict_us > 0 => this.state.evict_expired(wm_evict_us),
                 _ => Ok(RecordBatch::new_empty(this.state.schema())),
             }
         };
         let finals = match self.mode {
             OutputMode::Append => {
-                let evict = closed(self)?;
-                out.rows_removed = evict.num_rows() as u64;
-                let finals = self.finalize(vec![evict.clone()]).await?;
-                self.state
-                    .apply(&RecordBatch::new_empty(schema.clone()), &evict)?;
-                finals
+                let evicted = evict(self)?;
+                out.rows_removed = evicted.num_rows() as u64;
+                self.finalize(vec![evicted]).await?
             }
             OutputMode::Update => {
                 let finals = self.finalize(merged).await?;
-                let evict = closed(self)?;
-                out.rows_removed = evict.num_rows() as u64;
-                self.state
-                    .apply(&RecordBatch::new_empty(schema.clone()), &evict)?;
+                out.rows_removed = evict(self)?.num_rows() as u64;
                 finals
             }
             OutputMode::Complete => self.finalize(self.state.rows()?).await?,

@@ -5,24 +5,28 @@
 //! partial states). Batch `N` loads version `N` and commits version `N + 1`, as Spark does,
 //! so a replayed batch recomputes its version from the one before (spec §1.5, §9.1).
 //!
-//! [`kv::KvState`] encodes rows as sortable byte keys and values (Arrow's row format) over
-//! a [`kv::Backend`]:
-//! - [`memory::MemoryBackend`] (the default, `state_store = 'memory'`): a sorted map in
-//!   memory, made durable by one delta file per version and a snapshot every
+//! Both stores encode rows as byte keys and values with [`codec::Codec`] (Arrow's row
+//! format), a batch at a time:
+//! - [`memory::MemoryState`] (the default, `state_store = 'memory'`): a hash table over
+//!   keys packed into per-time-bucket arenas, so that eviction by the watermark drops whole
+//!   buckets; made durable by one delta file per version and a snapshot every
 //!   [`SNAPSHOT_INTERVAL`] versions;
-//! - `rocks::RocksBackend` (`state_store = 'rocksdb'`, cargo feature `rocksdb`): a RocksDB
-//!   database on disk, made durable by one RocksDB checkpoint per version, so memory stays
-//!   bounded however many keys the state holds.
+//! - [`kv::KvState`] over `rocks::RocksBackend` (`state_store = 'rocksdb'`, cargo feature
+//!   `rocksdb`): a RocksDB database on disk, made durable by one RocksDB checkpoint per
+//!   version, so memory stays bounded however many keys the state holds.
 //!
 //! The operator reads only what a batch needs: the stored rows of the keys it touched
 //! ([`StateStore::get`]), the sessions of its group keys ([`StateStore::get_groups`]), the
 //! rows the watermark has closed ([`StateStore::expired`], through a time index), and for
 //! complete mode every row ([`StateStore::rows`]).
 
+pub mod codec;
 pub mod kv;
 pub mod memory;
 #[cfg(feature = "rocksdb")]
 pub mod rocks;
+#[cfg(test)]
+mod tests;
 
 use std::path::Path;
 
@@ -124,12 +128,7 @@ pub struct StateLayout {
 /// Opens the store of kind `kind` in `dir` (the operator's state directory).
 pub fn open(kind: StoreKind, dir: &Path, layout: StateLayout) -> Result<Box<dyn StateStore>> {
     match kind {
-        StoreKind::Memory => Ok(Box::new(kv::KvState::open(
-            dir,
-            layout,
-            kind,
-            memory::MemoryBackend::new(dir),
-        )?)),
+        StoreKind::Memory => Ok(Box::new(memory::MemoryState::open(dir, layout)?)),
         #[cfg(feature = "rocksdb")]
         StoreKind::Rocksdb => {
             let backend = rocks::RocksBackend::new(dir)?;
@@ -147,22 +146,23 @@ pub fn open(kind: StoreKind, dir: &Path, layout: StateLayout) -> Result<Box<dyn 
 /// Every entry of the operator state in `dir` at `version`, as the stored key and value
 /// bytes, in key order: for tests and tools that compare states.
 pub fn dump(dir: &Path, version: u64) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-    use kv::Backend;
-    let mut out = Vec::new();
-    let mut collect = |b: &mut dyn Backend| -> Result<()> {
-        b.load(version)?;
-        b.scan_prefix(&[], &mut |k, v| out.push((k.to_vec(), v.to_vec())))
-    };
-    match kv::stored_kind(dir)? {
-        StoreKind::Memory => collect(&mut memory::MemoryBackend::new(dir))?,
+    match codec::stored_kind(dir)? {
+        StoreKind::Memory => memory::dump(dir, version),
         #[cfg(feature = "rocksdb")]
-        StoreKind::Rocksdb => collect(&mut rocks::RocksBackend::new(dir)?)?,
+        StoreKind::Rocksdb => {
+            use kv::Backend;
+            let mut out = Vec::new();
+            let mut b = rocks::RocksBackend::new(dir)?;
+            b.load(version)?;
+            b.scan_prefix(&[], &mut |k, v| out.push((k.to_vec(), v.to_vec())))?;
+            Ok(out)
+        }
         #[cfg(not(feature = "rocksdb"))]
         StoreKind::Rocksdb => {
             StoreKind::parse("rocksdb")?;
+            Ok(vec![])
         }
     }
-    Ok(out)
 }
 
 /// The state of one stateful operator.
@@ -182,6 +182,15 @@ pub trait StateStore: Send + Sync {
 
     /// The stored rows whose time column is at or before `wm_us` (never those without time).
     fn expired(&self, wm_us: i64) -> Result<RecordBatch>;
+
+    /// Removes the rows whose time column is at or before `wm_us`, and returns them: what
+    /// [`StateStore::expired`] then [`StateStore::apply`] do, which stores may do as a range
+    /// operation.
+    fn evict_expired(&mut self, wm_us: i64) -> Result<RecordBatch> {
+        let rows = self.expired(wm_us)?;
+        self.apply(&RecordBatch::new_empty(self.schema()), &rows)?;
+        Ok(rows)
+    }
 
     /// Every row of the current state.
     fn rows(&self) -> Result<Vec<RecordBatch>>;
