@@ -1026,23 +1026,40 @@ impl StreamingPlan {
             .collect();
     }
 
+    fn shared_operators(&self) -> Vec<SharedOperator> {
+        self.runtime
+            .operators
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// Runs `f` on each operator, in id order.
     pub async fn for_each_operator<T>(
         &self,
         mut f: impl FnMut(usize, &mut dyn StatefulOperator) -> Result<T>,
     ) -> Result<Vec<T>> {
-        let ops = self
-            .runtime
-            .operators
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let ops = self.shared_operators();
         let mut out = Vec::with_capacity(ops.len());
         for (i, op) in ops.iter().enumerate() {
             let mut op = op.lock().await;
             out.push(f(i, op.as_mut())?);
         }
         Ok(out)
+    }
+
+    /// Commits every operator's state as `version` on a blocking thread, so that the sink
+    /// can write at the same time (both must be durable before the commit log).
+    pub fn commit_operators(
+        &self,
+        version: u64,
+    ) -> tokio::task::JoinHandle<Result<Vec<crate::state::StateMetrics>>> {
+        let ops = self.shared_operators();
+        tokio::task::spawn_blocking(move || {
+            ops.iter()
+                .map(|op| op.blocking_lock().commit(version))
+                .collect()
+        })
     }
 
     /// Spark's names for the operators, by id.

@@ -837,16 +837,8 @@ impl Runner {
         let output = output?;
         durations.insert("queryPlanning".into(), output.planning.as_millis() as u64);
         stats.event_time = output.stats;
-        // Batch N commits state version N + 1.
-        let metrics = self
-            .plan
-            .for_each_operator(|_, op| op.commit(b.id.committed_state_version()))
-            .await?;
-        stats.state = metrics
-            .into_iter()
-            .zip(output.operators)
-            .map(|(m, o)| (m, o.unwrap_or_default()))
-            .collect();
+        // Batch N commits state version N + 1, while the sink writes.
+        let state_commit = self.plan.commit_operators(b.id.committed_state_version());
         let out = output
             .rows
             .into_iter()
@@ -854,16 +846,35 @@ impl Runner {
             .map(|b| super::cast_to_schema(b.columns(), &self.shape.schema))
             .collect::<Result<Vec<_>>>()?;
         stats.rows_out = out.iter().map(|b| b.num_rows() as u64).sum();
-        crate::testing::crash_point("before_sink_commit");
-        crate::testing::fail_point(&format!("sink_write:{}", self.def.name))?;
         let query_id = self.ckpt.id.to_string();
-        match self
-            .sink
-            .add_batch(&query_id, b.id, out, &self.write_mode)
-            .await?
-        {
+        let sink_started = Instant::now();
+        let sink_commit = async {
+            // The state commit may be under way, done or not started: a crash here must
+            // lose nothing either way.
+            crate::testing::crash_point("before_sink_commit");
+            crate::testing::fail_point(&format!("sink_write:{}", self.def.name))?;
+            self.sink
+                .add_batch(&query_id, b.id, out, &self.write_mode)
+                .await
+        };
+        let (state_commit, sink_commit) = tokio::join!(
+            async {
+                let metrics = state_commit
+                    .await
+                    .map_err(|e| Error::Internal(format!("state commit task: {e}")))??;
+                Ok::<_, Error>(metrics)
+            },
+            sink_commit
+        );
+        stats.state = state_commit?
+            .into_iter()
+            .zip(output.operators)
+            .map(|(m, o)| (m, o.unwrap_or_default()))
+            .collect();
+        match sink_commit? {
             SinkCommit::Committed { version } => {
-                tracing::debug!(sink = %self.def.name, batch = b.id.get(), version, "delta commit");
+                tracing::debug!(sink = %self.def.name, batch = b.id.get(), version,
+                    ms = sink_started.elapsed().as_millis() as u64, "sink commit");
             }
             SinkCommit::AlreadyCommitted => {
                 tracing::info!(sink = %self.def.name, batch = b.id.get(), "batch already in the table; skipped");

@@ -39,6 +39,9 @@ pub struct DeltaSink {
     schema: SchemaRef,
     /// The table as of our last commit; this sink is the table's only streaming writer.
     table: Mutex<Option<DeltaTable>>,
+    /// The last batch committed by an app id, once read from the table or written by us:
+    /// the transaction version is then known without reading the log again.
+    last_batch: std::sync::Mutex<Option<(String, Option<i64>)>>,
 }
 
 fn delta_err(path: &Path, e: impl std::fmt::Display) -> Error {
@@ -61,6 +64,7 @@ impl DeltaSink {
             url: table_url(path)?,
             schema,
             table: Mutex::new(None),
+            last_batch: std::sync::Mutex::new(None),
         })
     }
 
@@ -84,12 +88,25 @@ impl DeltaSink {
 
     /// The last batch id committed by `app_id`, if any.
     pub async fn committed_batch(&self, app_id: &str) -> Result<Option<i64>> {
+        if let Some((id, v)) = self.last_batch.lock().ok().and_then(|g| g.clone())
+            && id == app_id
+        {
+            return Ok(v);
+        }
         let table = self.load().await?;
         let snapshot = table.snapshot().map_err(|e| delta_err(&self.path, e))?;
-        snapshot
+        let snapshot = snapshot
             .transaction_version(table.log_store().as_ref(), app_id)
             .await
-            .map_err(|e| delta_err(&self.path, e))
+            .map_err(|e| delta_err(&self.path, e))?;
+        self.remember(app_id, snapshot);
+        Ok(snapshot)
+    }
+
+    fn remember(&self, app_id: &str, batch: Option<i64>) {
+        if let Ok(mut g) = self.last_batch.lock() {
+            *g = Some((app_id.to_string(), batch));
+        }
     }
 }
 
@@ -187,11 +204,15 @@ impl Sink for DeltaSink {
             Ok(t) => {
                 let version = t.version().map_or(-1, |v| v as i64);
                 *guard = Some(t);
+                self.remember(app_id, Some(batch_id.get() as i64));
                 Ok(SinkCommit::Committed { version })
             }
             Err(e) => {
                 // Reload next time: the commit may or may not have happened.
                 *guard = None;
+                if let Ok(mut g) = self.last_batch.lock() {
+                    *g = None;
+                }
                 Err(delta_err(&self.path, e))
             }
         }
