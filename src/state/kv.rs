@@ -25,6 +25,9 @@ pub trait Backend: Send + Sync {
     /// Applies `changes` at once: its removals, then its upserts. Returns how many of the
     /// removed keys were there.
     fn write(&mut self, changes: Changes) -> Result<u64>;
+    /// Removes `keys`, the keys whose time is at or before `upto` (as [`Backend::scan_time`]
+    /// listed them), and their time index entries as one range. Returns how many were there.
+    fn evict(&mut self, upto: i64, keys: &[Vec<u8>]) -> Result<u64>;
     /// Entries in the map.
     fn entries(&self) -> u64;
     /// Makes the map durable as `version`; the approximate memory it holds.
@@ -64,6 +67,21 @@ impl<B: Backend> KvState<B> {
 
     fn keys(&self, batch: &RecordBatch) -> Result<Vec<Vec<u8>>> {
         Ok(self.codec.keys(batch)?.iter().map(<[u8]>::to_vec).collect())
+    }
+
+    /// The entries whose time is at or before `wm_us`, through the time index.
+    fn expired_entries(&self, wm_us: i64) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut keys = Vec::new();
+        self.backend
+            .scan_time(wm_us, &mut |k| keys.push(k.to_vec()))?;
+        let values = self.backend.multi_get(&keys)?;
+        keys.into_iter()
+            .zip(values)
+            .map(|(k, v)| {
+                v.map(|v| (k, v))
+                    .ok_or_else(|| Error::Internal("state time index names a missing key".into()))
+            })
+            .collect()
     }
 
     fn decode(&self, entries: &[(Vec<u8>, Vec<u8>)]) -> Result<RecordBatch> {
@@ -114,19 +132,17 @@ impl<B: Backend> StateStore for KvState<B> {
     }
 
     fn expired(&self, wm_us: i64) -> Result<RecordBatch> {
-        let mut keys = Vec::new();
-        self.backend
-            .scan_time(wm_us, &mut |k| keys.push(k.to_vec()))?;
-        let values = self.backend.multi_get(&keys)?;
-        let entries = keys
-            .into_iter()
-            .zip(values)
-            .map(|(k, v)| {
-                v.map(|v| (k, v))
-                    .ok_or_else(|| Error::Internal("state time index names a missing key".into()))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        self.decode(&entries)
+        self.decode(&self.expired_entries(wm_us)?)
+    }
+
+    fn evict_expired(&mut self, wm_us: i64) -> Result<RecordBatch> {
+        let entries = self.expired_entries(wm_us)?;
+        let rows = self.decode(&entries)?;
+        if !entries.is_empty() {
+            let keys: Vec<Vec<u8>> = entries.into_iter().map(|(k, _)| k).collect();
+            self.removed += self.backend.evict(wm_us, &keys)?;
+        }
+        Ok(rows)
     }
 
     fn rows(&self) -> Result<Vec<RecordBatch>> {

@@ -338,6 +338,26 @@ impl Backend for RocksBackend {
         Ok(removed)
     }
 
+    fn evict(&mut self, upto: i64, keys: &[Vec<u8>]) -> Result<u64> {
+        self.clean_version = None;
+        let db = self.db()?;
+        let mut batch = Batcher::new(db);
+        for key in keys {
+            batch.delete(&Self::data_key(key))?;
+        }
+        // One range tombstone for the time index, instead of one per key that later
+        // scans of the index would step over.
+        let end = match upto.checked_add(1) {
+            Some(next) => Self::time_key(next, &[]),
+            None => vec![TIME + 1],
+        };
+        batch.batch.delete_range(vec![TIME], end);
+        batch.finish()?;
+        let removed = keys.len() as u64;
+        self.count -= removed.min(self.count);
+        Ok(removed)
+    }
+
     fn entries(&self) -> u64 {
         self.count
     }
