@@ -633,7 +633,12 @@ impl MemoryState {
     /// bucket it falls in. Recorded as one range by the caller, not key by key.
     fn evict(&mut self, wm_us: i64) {
         let (ids, emptied) = self.expired_slots(wm_us);
-        for id in ids {
+        self.remove_expired(&ids, emptied);
+    }
+
+    /// Removes the slots and buckets [`MemoryState::expired_slots`] found.
+    fn remove_expired(&mut self, ids: &[u32], emptied: Vec<u32>) {
+        for &id in ids {
             self.remove_slot(id, false);
         }
         for b in emptied {
@@ -765,9 +770,9 @@ impl StateStore for MemoryState {
     }
 
     fn evict_expired(&mut self, wm_us: i64) -> Result<RecordBatch> {
-        let (ids, _) = self.expired_slots(wm_us);
+        let (ids, emptied) = self.expired_slots(wm_us);
         let rows = self.decode_slots(&ids)?;
-        self.evict(wm_us);
+        self.remove_expired(&ids, emptied);
         self.evictions.push(wm_us);
         self.removed += ids.len() as u64;
         Ok(rows)
