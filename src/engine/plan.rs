@@ -237,8 +237,18 @@ impl UserDefinedLogicalNodeCore for EventTimeWatermark {
         })
     }
 
-    fn necessary_children_exprs(&self, _output_columns: &[usize]) -> Option<Vec<Vec<usize>>> {
-        Some(vec![(0..self.input.schema().fields().len()).collect()])
+    /// What the plan above reads, and the event-time column (its statistics move the
+    /// watermark even when nothing above reads it).
+    fn necessary_children_exprs(&self, output_columns: &[usize]) -> Option<Vec<Vec<usize>>> {
+        let time = self
+            .input
+            .schema()
+            .index_of_column_by_name(None, &self.column)?;
+        let mut needed: Vec<usize> = output_columns.to_vec();
+        needed.push(time);
+        needed.sort_unstable();
+        needed.dedup();
+        Some(vec![needed])
     }
 }
 
@@ -805,6 +815,10 @@ impl Builder<'_> {
                         .project(exprs)?
                         .build()?
                 };
+                // The operator keeps only the columns its keys and aggregates read: window
+                // assignment copies every input column once per window, and the scan and
+                // the watermark below then read no more than that.
+                let input = prune_to_used(input, group_expr.iter().chain(&agg.aggr_expr))?;
                 let mut info = analyze_aggregate(&group_expr, &agg.aggr_expr, &marked, self.mode)?;
                 info.group_names = agg
                     .group_expr
@@ -832,6 +846,32 @@ impl Builder<'_> {
             other => Ok(Transformed::no(other)),
         }
     }
+}
+
+/// `input` projected to the columns `exprs` read, in input order (unchanged when they read
+/// all of them).
+fn prune_to_used<'a>(
+    input: LogicalPlan,
+    exprs: impl Iterator<Item = &'a Expr>,
+) -> DfResult<LogicalPlan> {
+    let schema = input.schema().clone();
+    let mut used = std::collections::BTreeSet::new();
+    for e in exprs {
+        for c in e.column_refs() {
+            used.insert(schema.index_of_column(c)?);
+        }
+    }
+    if used.len() == schema.fields().len() {
+        return Ok(input);
+    }
+    // Arrow batches without columns lose their row count: `count(*)` keeps one column.
+    if used.is_empty() {
+        used.insert(0);
+    }
+    let columns = schema.columns();
+    LogicalPlanBuilder::from(input)
+        .project(used.into_iter().map(|i| Expr::Column(columns[i].clone())))?
+        .build()
 }
 
 /// The aggregation's output columns that carry the mark: its key time, if any.
