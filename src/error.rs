@@ -148,6 +148,7 @@ impl Error {
             Error::Syntax(_) => SqlState::SyntaxError,
             Error::UndefinedObject { kind, .. } => match *kind {
                 "stream" | "sink" | "relation" | "table" => SqlState::UndefinedTable,
+                "column" => SqlState::UndefinedColumn,
                 _ => SqlState::UndefinedObject,
             },
             Error::DuplicateObject { .. } => SqlState::DuplicateObject,
