@@ -16,6 +16,7 @@ use crate::format::{CORRUPT_RECORD, FileDecoder, FileFormat, ParseMode};
 use crate::fsutil::write_atomic;
 use crate::source::delta::{DEFAULT_MAX_FILES, DeltaSourceConfig};
 use crate::source::file::FileSourceConfig;
+use crate::source::nexmark::{NexmarkSourceConfig, NexmarkTable};
 use crate::source::rate::{RateConfig, RateMicroBatchConfig};
 use crate::source::table::{DEFAULT_SEGMENT_BYTES, TableConfig};
 use crate::sql::options::{Options, Trigger};
@@ -50,6 +51,8 @@ pub enum StreamSource {
     RateMicroBatch(RateMicroBatchConfig),
     /// `connector = 'delta'`: the files new versions of a Delta table add.
     Delta(DeltaSourceConfig),
+    /// `connector = 'nexmark'`: the Nexmark benchmark's generated events.
+    Nexmark(NexmarkSourceConfig),
 }
 
 impl StreamSource {
@@ -60,6 +63,7 @@ impl StreamSource {
             StreamSource::Rate(_) => "rate",
             StreamSource::RateMicroBatch(_) => "rate_micro_batch",
             StreamSource::Delta(_) => "delta",
+            StreamSource::Nexmark(_) => "nexmark",
         }
     }
 
@@ -71,6 +75,7 @@ impl StreamSource {
                 crate::source::rate::schema()
             }
             StreamSource::Delta(d) => d.schema.clone(),
+            StreamSource::Nexmark(n) => n.table.schema(),
         }
     }
 }
@@ -113,13 +118,14 @@ pub fn options_markdown() -> String {
 
 /// Every connector's option table, streams then sinks: `SHOW OPTIONS`, `tidemark.options`
 /// and the docs list these.
-pub fn option_tables() -> [&'static crate::sql::options::OptionTable; 6] {
+pub fn option_tables() -> [&'static crate::sql::options::OptionTable; 7] {
     [
         &crate::source::file::OPTIONS,
         &crate::source::table::OPTIONS,
         &crate::source::delta::OPTIONS,
         &crate::source::rate::RATE_OPTIONS,
         &crate::source::rate::RATE_MICRO_BATCH_OPTIONS,
+        &crate::source::nexmark::OPTIONS,
         &crate::sink::SINK_OPTIONS,
     ]
 }
@@ -151,11 +157,13 @@ impl StreamDef {
                 return Self::rate(c, name, columns, watermark, options);
             }
             "delta" => return Self::delta(name, columns, watermark, options),
+            "nexmark" => return Self::nexmark(name, columns, watermark, options),
             other => {
                 return Err(Error::Unsupported {
                     message: format!("connector \"{other}\" is not supported for streams"),
                     hint: Some(
-                        "Use connector = 'file', 'table', 'delta', 'rate' or 'rate_micro_batch'."
+                        "Use connector = 'file', 'table', 'delta', 'rate', 'rate_micro_batch' \
+                         or 'nexmark'."
                             .into(),
                     ),
                 });
@@ -354,6 +362,61 @@ impl StreamDef {
             watermark,
             options,
             source: Some(source),
+        })
+    }
+
+    /// A Nexmark stream: the fixed columns of its table.
+    fn nexmark(
+        name: String,
+        columns: Vec<ColumnSpec>,
+        watermark: Option<WatermarkSpec>,
+        options: Options,
+    ) -> Result<StreamDef> {
+        options.check(&crate::source::nexmark::OPTIONS)?;
+        let table = NexmarkTable::parse(options.get("table").unwrap_or("bid"))?;
+        if !columns.is_empty() {
+            return Err(Error::InvalidOption {
+                message: format!(
+                    "a nexmark stream has the fixed columns of its table ({})",
+                    table.name()
+                ),
+                hint: Some(format!(
+                    "Leave the column list out: CREATE STREAM {name} WITH (connector = 'nexmark', ...)."
+                )),
+            });
+        }
+        let columns = table
+            .columns()
+            .iter()
+            .map(|(c, ty)| {
+                Ok(ColumnSpec {
+                    name: (*c).into(),
+                    sql_type: (*ty).into(),
+                    data_type: sql_to_arrow(ty)?,
+                    not_null: false,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(wm) = &watermark {
+            check_watermark(&columns, wm)?;
+        }
+        let config = NexmarkSourceConfig {
+            table,
+            events_per_batch: options
+                .positive_int("events_per_batch")?
+                .unwrap_or(1_000_000),
+            max_events: options.positive_int("max_events")?,
+            event_rate: options.positive_int("event_rate")?.unwrap_or(100_000),
+            base_time_ms: options
+                .non_negative_int("base_time")?
+                .unwrap_or(1_436_918_400_000),
+        };
+        Ok(StreamDef {
+            name,
+            columns,
+            watermark,
+            options,
+            source: Some(StreamSource::Nexmark(config)),
         })
     }
 

@@ -369,9 +369,10 @@ impl Engine {
             });
         }
         if !connector.has_path() && cs.options.get("path").is_some() {
-            return Err(Error::invalid_option(
-                "a console sink has no path: it logs its rows",
-            ));
+            return Err(Error::invalid_option(format!(
+                "a {} sink has no path",
+                connector.name()
+            )));
         }
         let state_partitions = cs
             .options

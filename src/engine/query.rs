@@ -31,6 +31,7 @@ pub use crate::config::{POLL_INTERVAL, parallelism};
 use crate::error::{Error, Result};
 use crate::sink::{Sink, SinkCommit, SinkConnector, WriteMode};
 use crate::source::file::FileSource;
+use crate::source::nexmark::NexmarkSource;
 use crate::source::rate::{RateMicroBatchSource, RateSource};
 use crate::source::table::{TableLog, TableSource};
 use crate::source::{Offset, ReadLimit, Source};
@@ -232,14 +233,20 @@ fn shape_of(query: &str, plan: &StreamingPlan) -> Result<SinkShape> {
 /// DataFusion's display of it, with its stateful nodes), the sources. Stable text.
 pub fn explain(def: &SinkDef, streams: &[&StreamDef], shape: &SinkShape) -> Result<Vec<String>> {
     let write = shape.write_mode().describe();
-    let sink = match def.connector()? {
+    let connector = def.connector()?;
+    let sink = match connector {
         SinkConnector::Delta => "DeltaSink".to_string(),
         SinkConnector::Console => "ConsoleSink".to_string(),
+        SinkConnector::Noop => "NoopSink".to_string(),
         SinkConnector::File(f) => format!("FileSink[{}]", f.name()),
     };
+    let path = if connector.has_path() {
+        format!(" path={}", def.path.display())
+    } else {
+        String::new()
+    };
     let mut lines = vec![format!(
-        "{sink}: path={} output_mode={} trigger={} write={write}",
-        def.path.display(),
+        "{sink}:{path} output_mode={} trigger={} write={write}",
         shape.mode.as_str(),
         def.trigger
     )];
@@ -323,6 +330,7 @@ fn describe_source(stream: &StreamDef) -> String {
              start_timestamp={}, advance_millis_per_batch={}]",
             r.rows_per_batch, r.num_partitions, r.start_timestamp_ms, r.advance_ms_per_batch
         ),
+        StreamSource::Nexmark(n) => n.describe(),
     }
 }
 
@@ -518,6 +526,7 @@ fn open_source(task: &QueryTask, ckpt: &Checkpoint, i: usize) -> Result<Box<dyn 
             task.clock.clone(),
         )?),
         StreamSource::RateMicroBatch(config) => Box::new(RateMicroBatchSource::new(config.clone())),
+        StreamSource::Nexmark(config) => Box::new(NexmarkSource::new(config.clone())),
         StreamSource::Delta(config) => {
             let mut config = config.clone();
             if let Some(n) = def.options.positive_int("max_files_per_trigger")? {

@@ -8,6 +8,7 @@
 pub mod console;
 pub mod delta;
 pub mod file;
+pub mod noop;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -24,11 +25,11 @@ use crate::types::BatchId;
 /// The options of a sink, whatever its connector.
 pub const SINK_OPTIONS: OptionTable = OptionTable {
     object: "sink",
-    connector: "delta | parquet | json | csv | console",
+    connector: "delta | parquet | json | csv | console | noop",
     options: &[
         OptionSpec::new(
             "connector",
-            OptionType::OneOf(&["delta", "parquet", "json", "csv", "console"]),
+            OptionType::OneOf(&["delta", "parquet", "json", "csv", "console", "noop"]),
             Some("delta"),
             "Where the rows go",
         ),
@@ -36,7 +37,7 @@ pub const SINK_OPTIONS: OptionTable = OptionTable {
             "path",
             OptionType::Path,
             Some("<data dir>/tables/<name>"),
-            "The table's directory (a console sink has none)",
+            "The table's directory (a console or noop sink has none)",
         ),
         OptionSpec::new(
             "trigger",
@@ -157,16 +158,19 @@ pub enum SinkConnector {
     Delta,
     File(SinkFormat),
     Console,
+    /// Drops the rows (Spark's `noop` format), for benchmarks.
+    Noop,
 }
 
 impl SinkConnector {
     /// The connectors a sink may name.
-    pub const NAMES: &'static str = "'delta', 'parquet', 'json', 'csv' or 'console'";
+    pub const NAMES: &'static str = "'delta', 'parquet', 'json', 'csv', 'console' or 'noop'";
 
     pub fn parse(name: &str) -> Result<SinkConnector> {
         match name {
             "delta" => Ok(SinkConnector::Delta),
             "console" => Ok(SinkConnector::Console),
+            "noop" => Ok(SinkConnector::Noop),
             other => match SinkFormat::from_connector(other) {
                 Some(f) => Ok(SinkConnector::File(f)),
                 None => Err(Error::Unsupported {
@@ -181,6 +185,7 @@ impl SinkConnector {
         match self {
             SinkConnector::Delta => "delta",
             SinkConnector::Console => "console",
+            SinkConnector::Noop => "noop",
             SinkConnector::File(f) => f.name(),
         }
     }
@@ -192,7 +197,7 @@ impl SinkConnector {
 
     /// Whether the sink has a folder or table at `path`.
     pub fn has_path(self) -> bool {
-        !matches!(self, SinkConnector::Console)
+        !matches!(self, SinkConnector::Console | SinkConnector::Noop)
     }
 
     /// Creates (or checks) what the sink writes into: the Delta table with `schema`, the
@@ -201,7 +206,7 @@ impl SinkConnector {
         match self {
             SinkConnector::Delta => delta::ensure_table(path, name, schema).await,
             SinkConnector::File(f) => file::FileSink::new(path, f, schema.clone()).map(|_| ()),
-            SinkConnector::Console => Ok(()),
+            SinkConnector::Console | SinkConnector::Noop => Ok(()),
         }
     }
 
@@ -215,6 +220,7 @@ impl SinkConnector {
             }
             SinkConnector::File(f) => Box::new(file::FileSink::new(path, f, schema.clone())?),
             SinkConnector::Console => Box::new(console::ConsoleSink::new(name)),
+            SinkConnector::Noop => Box::new(noop::NoopSink),
         })
     }
 
@@ -227,7 +233,7 @@ impl SinkConnector {
         Ok(match self {
             SinkConnector::Delta => Some(Arc::new(delta::DeltaReadTable::try_new(path).await?)),
             SinkConnector::File(f) => Some(Arc::new(file::read_table(path, f, schema.clone()))),
-            SinkConnector::Console => None,
+            SinkConnector::Console | SinkConnector::Noop => None,
         })
     }
 }

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Spark's side of benches/nexmark.py --files: the same queries on the same Parquet files.
+
+    python benches/spark_nexmark.py FILES WORKDIR EVENTS [q0,q1,...]
+
+FILES holds the bids of EVENTS Nexmark events, one Parquet file per batch (landed by
+`benches/nexmark.py --files FILES`). Each query reads them with readStream.parquet,
+maxFilesPerTrigger 1, a 4-second watermark on date_time, into the noop sink with
+availableNow; local[2], shuffle partitions 2, after one unmeasured warm-up run of q2.
+Prints per query: the query's wall time,
+the CPU seconds of the JVM over the query (utime + stime of the Java process), events of
+all kinds per second and per CPU second, the rows read and the rows the sink got.
+"""
+import json
+import os
+import sys
+import time
+
+from pyspark.sql import SparkSession, functions as F
+
+files, work, events = sys.argv[1], sys.argv[2], int(sys.argv[3])
+wanted = sys.argv[4].split(",") if len(sys.argv) > 4 else ["q0", "q1", "q2", "q5", "q7", "q12"]
+spark = (SparkSession.builder.master("local[2]").appName("nexmark")
+         .config("spark.sql.shuffle.partitions", "2")
+         .config("spark.sql.session.timeZone", "UTC")
+         .config("spark.ui.enabled", "false").getOrCreate())
+spark.sparkContext.setLogLevel("ERROR")
+jvm = spark.sparkContext._gateway.proc.pid
+tick = os.sysconf("SC_CLK_TCK")
+
+
+def jvm_cpu():
+    fields = open(f"/proc/{jvm}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / tick
+
+
+schema = ("auction long, bidder long, price long, channel string, url string, "
+          "date_time timestamp, extra string")
+
+
+def bids():
+    return (spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(files)
+            .withWatermark("date_time", "4 seconds"))
+
+
+def query(name):
+    b = bids()
+    if name == "q0":
+        return b.select("auction", "bidder", "price", "date_time", "extra")
+    if name == "q1":
+        return b.select("auction", "bidder", (F.lit(0.908) * F.col("price")).alias("price"),
+                        "date_time", "extra")
+    if name == "q2":
+        return b.where(F.col("auction") % 123 == 0).select("auction", "price")
+    if name == "q5":
+        return (b.groupBy("auction", F.window("date_time", "10 seconds", "2 seconds").alias("w"))
+                .agg(F.count(F.lit(1)).alias("num"))
+                .select("auction", "num", F.col("w.start").alias("starttime"),
+                        F.col("w.end").alias("endtime")))
+    if name == "q7":
+        return (b.groupBy(F.window("date_time", "10 seconds").alias("w"))
+                .agg(F.max("price").alias("maxprice"))
+                .select(F.col("w.start").alias("starttime"), F.col("w.end").alias("endtime"),
+                        "maxprice"))
+    if name == "q12":
+        return (b.groupBy("bidder", F.window("date_time", "10 seconds").alias("w"))
+                .agg(F.count(F.lit(1)).alias("bid_count"))
+                .select("bidder", "bid_count", F.col("w.start").alias("starttime"),
+                        F.col("w.end").alias("endtime")))
+    raise SystemExit(f"unknown query {name}")
+
+
+# One unmeasured run first, so that the first measured query does not pay for the JVM's
+# warm-up (class loading, JIT) alone.
+warm = (query("q2").writeStream.format("noop").option("checkpointLocation", f"{work}/warmup")
+        .trigger(availableNow=True).start())
+warm.awaitTermination()
+
+for name in wanted:
+    c0, t0 = jvm_cpu(), time.time()
+    q = (query(name).writeStream.outputMode("append").format("noop")
+         .option("checkpointLocation", f"{work}/{name}/checkpoint")
+         .trigger(availableNow=True).start())
+    q.awaitTermination()
+    secs, cpu = time.time() - t0, jvm_cpu() - c0
+    progress = q.recentProgress
+    print(json.dumps({
+        "query": name, "query_s": round(secs, 2), "jvm_cpu_s": round(cpu, 2),
+        "ev_per_s": round(events / secs), "ev_per_cpu_s": round(events / cpu),
+        "rows_in": sum(p["numInputRows"] for p in progress),
+        "rows_out": sum(max(p["sink"].get("numOutputRows", 0), 0) for p in progress),
+        "batches": sum(1 for p in progress if p["numInputRows"] > 0),
+    }), flush=True)
+spark.stop()
