@@ -72,7 +72,7 @@ CREATE SINK bid_files WITH (connector = 'parquet', path = '{out}', trigger = 'av
     shutil.rmtree(work)
 
 
-def run(binary, name, events, batch, store, files=None):
+def run(binary, name, events, batch, store, files=None, keep=None):
     mode, sql = QUERIES[name]
     work = tempfile.mkdtemp(prefix=f"nexmark-{name}-")
     script = os.path.join(work, "pipeline.sql")
@@ -82,10 +82,11 @@ def run(binary, name, events, batch, store, files=None):
     else:
         stream = ("CREATE STREAM bid (WATERMARK FOR date_time AS date_time - INTERVAL '4 seconds')\n"
                   f"WITH (connector = 'nexmark', table = 'bid', max_events = {events}, events_per_batch = {batch});")
+    sink = f"connector = 'parquet', path = '{keep}/{name}'" if keep else "connector = 'noop'"
     with open(script, "w") as f:
         f.write(f"""
 {stream}
-CREATE SINK {name} WITH (connector = 'noop', trigger = 'available_now', output_mode = '{mode}',
+CREATE SINK {name} WITH ({sink}, trigger = 'available_now', output_mode = '{mode}',
     state_store = '{store}') AS {sql};
 COPY (SELECT count(*) AS batches, sum(num_input_rows) AS rows, sum(sink_output_rows) AS out,
              sum(batch_duration_ms) AS ms FROM tidemark.progress) TO '{work}/progress.csv' STORED AS CSV;
@@ -122,6 +123,9 @@ def main():
     ap.add_argument("--batch", type=int, default=1_000_000, help="events per micro-batch")
     ap.add_argument("--queries", default=",".join(QUERIES))
     ap.add_argument("--store", default="memory")
+    ap.add_argument("--keep-output", metavar="DIR", help="write each query's rows as Parquet "
+                    "into DIR/<query> instead of dropping them (for benches/spark_nexmark.py "
+                    "--compare; the timings then include the writes)")
     ap.add_argument("--files", help="read the bids from Parquet files in this folder, landed "
                     "there first if it does not exist (for the side-by-side run with Spark)")
     a = ap.parse_args()
@@ -130,7 +134,7 @@ def main():
     print(f"{'query':6} {'events':>10} {'bids':>10} {'out rows':>10} {'batches':>7} {'query s':>8} "
           f"{'CPU s':>7} {'gen CPU s':>9} {'ev/s':>10} {'ev/s/core':>10} {'w/o gen':>10} {'peak RSS':>9}")
     for q in a.queries.split(","):
-        r = run(a.binary, q, a.events, a.batch, a.store, a.files)
+        r = run(a.binary, q, a.events, a.batch, a.store, a.files, a.keep_output)
         print(f"{r['query']:6} {r['events']:>10} {r['bids']:>10} {r['out']:>10} {r['batches']:>7} "
               f"{r['query_s']:>8.2f} {r['cpu_s']:>7.2f} {r['gen_cpu_s']:>9.2f} {r['ev_per_s']/1e6:>9.2f}M "
               f"{r['ev_per_cpu_s']/1e6:>9.2f}M "

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Spark's side of benches/nexmark.py --files: the same queries on the same Parquet files.
 
-    python benches/spark_nexmark.py FILES WORKDIR EVENTS [q0,q1,...]
+    python benches/spark_nexmark.py FILES WORKDIR EVENTS [q0,q1,...] [--compare DIR]
 
 FILES holds the bids of EVENTS Nexmark events, one Parquet file per batch (landed by
 `benches/nexmark.py --files FILES`). Each query reads them with readStream.parquet,
@@ -10,6 +10,11 @@ availableNow; local[2], shuffle partitions 2, after one unmeasured warm-up run o
 Prints per query: the query's wall time,
 the CPU seconds of the JVM over the query (utime + stime of the Java process), events of
 all kinds per second and per CPU second, the rows read and the rows the sink got.
+
+With --compare DIR (Tidemark's output of `benches/nexmark.py --files FILES --keep-output
+DIR`), Spark writes each query's rows as Parquet instead and checks that they are exactly
+Tidemark's rows in DIR/<query> (as multisets, both ways; q1's price compared as a double:
+Spark types 0.908 * price as a decimal, Tidemark as a double).
 """
 import json
 import os
@@ -18,8 +23,14 @@ import time
 
 from pyspark.sql import SparkSession, functions as F
 
-files, work, events = sys.argv[1], sys.argv[2], int(sys.argv[3])
-wanted = sys.argv[4].split(",") if len(sys.argv) > 4 else ["q0", "q1", "q2", "q5", "q7", "q12"]
+args = sys.argv[1:]
+compare = None
+if "--compare" in args:
+    i = args.index("--compare")
+    compare = args[i + 1]
+    del args[i:i + 2]
+files, work, events = args[0], args[1], int(args[2])
+wanted = args[3].split(",") if len(args) > 3 else ["q0", "q1", "q2", "q5", "q7", "q12"]
 spark = (SparkSession.builder.master("local[2]").appName("nexmark")
          .config("spark.sql.shuffle.partitions", "2")
          .config("spark.sql.session.timeZone", "UTC")
@@ -78,9 +89,9 @@ warm.awaitTermination()
 
 for name in wanted:
     c0, t0 = jvm_cpu(), time.time()
-    q = (query(name).writeStream.outputMode("append").format("noop")
-         .option("checkpointLocation", f"{work}/{name}/checkpoint")
-         .trigger(availableNow=True).start())
+    w = (query(name).writeStream.outputMode("append")
+         .option("checkpointLocation", f"{work}/{name}/checkpoint").trigger(availableNow=True))
+    q = w.format("parquet").start(f"{work}/{name}/out") if compare else w.format("noop").start()
     q.awaitTermination()
     secs, cpu = time.time() - t0, jvm_cpu() - c0
     progress = q.recentProgress
@@ -91,4 +102,16 @@ for name in wanted:
         "rows_out": sum(max(p["sink"].get("numOutputRows", 0), 0) for p in progress),
         "batches": sum(1 for p in progress if p["numInputRows"] > 0),
     }), flush=True)
+    if compare:
+        ours = spark.read.parquet(f"{work}/{name}/out")
+        theirs = spark.read.parquet(f"{compare}/{name}")
+        if name == "q1":
+            ours = ours.withColumn("price", F.col("price").cast("double"))
+            theirs = theirs.withColumn("price", F.col("price").cast("double"))
+        theirs = theirs.select(*ours.columns)
+        only_spark = ours.exceptAll(theirs).count()
+        only_tidemark = theirs.exceptAll(ours).count()
+        print(json.dumps({"query": name, "spark_rows": ours.count(), "tidemark_rows": theirs.count(),
+                          "only_in_spark": only_spark, "only_in_tidemark": only_tidemark,
+                          "identical": only_spark == 0 and only_tidemark == 0}), flush=True)
 spark.stop()
