@@ -298,10 +298,34 @@ pub async fn ensure_table(path: &Path, name: &str, schema: &SchemaRef) -> Result
 }
 
 /// A sink's Delta table as a DataFusion table: every scan reads the latest version.
-#[derive(Debug)]
+///
+/// The snapshot is kept between scans. A scan first checks whether the commit after the
+/// kept version exists (one `stat` of `_delta_log/<v+1>.json`); only then does it read the
+/// new commits (`update_incremental`), instead of replaying the log for every query.
 pub struct DeltaReadTable {
     path: PathBuf,
     schema: SchemaRef,
+    cache: Mutex<Option<CachedSnapshot>>,
+}
+
+/// The table as of `version`, and its DataFusion provider.
+struct CachedSnapshot {
+    table: DeltaTable,
+    version: u64,
+    provider: Arc<dyn TableProvider>,
+}
+
+impl std::fmt::Debug for DeltaReadTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeltaReadTable")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The file of commit `version` in the table at `path`.
+fn commit_file(path: &Path, version: u64) -> PathBuf {
+    path.join("_delta_log").join(format!("{version:020}.json"))
 }
 
 /// The Arrow schema of the Delta table at `path` (a Delta stream's columns).
@@ -331,7 +355,43 @@ impl DeltaReadTable {
         Ok(DeltaReadTable {
             path: path.to_path_buf(),
             schema: provider.schema(),
+            cache: Mutex::new(None),
         })
+    }
+
+    /// The provider of the table's latest version: the kept one while no newer commit
+    /// exists.
+    async fn latest(&self) -> Result<Arc<dyn TableProvider>> {
+        let mut cache = self.cache.lock().await;
+        if let Some(c) = cache.as_ref()
+            && !commit_file(&self.path, c.version + 1).exists()
+        {
+            return Ok(c.provider.clone());
+        }
+        let table = match cache.take() {
+            Some(mut c) => {
+                c.table
+                    .update_incremental(None)
+                    .await
+                    .map_err(|e| delta_err(&self.path, e))?;
+                c.table
+            }
+            None => deltalake::open_table(table_url(&self.path)?)
+                .await
+                .map_err(|e| delta_err(&self.path, e))?,
+        };
+        let provider = table
+            .table_provider()
+            .await
+            .map_err(|e| delta_err(&self.path, e))?;
+        if let Some(version) = table.version() {
+            *cache = Some(CachedSnapshot {
+                table,
+                version,
+                provider: provider.clone(),
+            });
+        }
+        Ok(provider)
     }
 }
 
@@ -352,15 +412,10 @@ impl TableProvider for DeltaReadTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
-        let to_df = |e: Error| DataFusionError::External(Box::new(e));
-        let url = table_url(&self.path).map_err(to_df)?;
-        let table = deltalake::open_table(url)
+        let provider = self
+            .latest()
             .await
-            .map_err(|e| to_df(delta_err(&self.path, e)))?;
-        let provider = table
-            .table_provider()
-            .await
-            .map_err(|e| to_df(delta_err(&self.path, e)))?;
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
         provider.scan(state, projection, filters, limit).await
     }
 }
