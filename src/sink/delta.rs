@@ -343,7 +343,8 @@ pub async fn table_schema(path: &Path) -> Result<SchemaRef> {
 }
 
 impl DeltaReadTable {
-    /// Opens the table to learn its schema as the Delta provider reports it.
+    /// Opens the table to learn its schema as the Delta provider reports it, and keeps the
+    /// snapshot for the first scan.
     pub async fn try_new(path: &Path) -> Result<DeltaReadTable> {
         let table = deltalake::open_table(table_url(path)?)
             .await
@@ -352,10 +353,15 @@ impl DeltaReadTable {
             .table_provider()
             .await
             .map_err(|e| delta_err(path, e))?;
+        let cache = table.version().map(|version| CachedSnapshot {
+            table,
+            version,
+            provider: provider.clone(),
+        });
         Ok(DeltaReadTable {
             path: path.to_path_buf(),
             schema: provider.schema(),
-            cache: Mutex::new(None),
+            cache: Mutex::new(cache),
         })
     }
 
