@@ -291,6 +291,7 @@ impl Engine {
             TidemarkStatement::StartSink { name } => self.start_sink(&name).await,
             TidemarkStatement::AlterSink { name, options } => self.alter_sink(&name, options).await,
             TidemarkStatement::Flush { sink } => self.flush(sink.as_deref()).await,
+            TidemarkStatement::Optimize { name, zorder } => self.optimize(&name, &zorder).await,
             TidemarkStatement::CopyFrom(c) => Err(Error::unsupported(format!(
                 "COPY {} FROM STDIN needs a client that sends the data (psql's \\copy, a driver)",
                 c.table
@@ -371,6 +372,12 @@ impl Engine {
         if !connector.has_path() && cs.options.get("path").is_some() {
             return Err(Error::invalid_option(format!(
                 "a {} sink has no path",
+                connector.name()
+            )));
+        }
+        if connector != SinkConnector::Delta && cs.options.get("auto_compact").is_some() {
+            return Err(Error::invalid_option(format!(
+                "auto_compact applies to Delta sinks, not to a {} sink",
                 connector.name()
             )));
         }
@@ -957,6 +964,53 @@ impl Engine {
             schema.clone(),
             vec![RecordBatch::try_new(schema, cols)?],
         ))
+    }
+
+    /// `OPTIMIZE name [ZORDER BY (cols)]`: compacts a Delta sink's table, beside its
+    /// running query (the two take turns on the table's lock). One row of Delta's
+    /// OPTIMIZE metrics.
+    async fn optimize(&self, name: &str, zorder: &[String]) -> Result<Output> {
+        let (connector, path) = {
+            let cat = self.catalog.lock().await;
+            let def = cat.sink(name).ok_or_else(|| Error::UndefinedObject {
+                kind: "sink",
+                name: name.to_string(),
+            })?;
+            (def.connector()?, def.path.clone())
+        };
+        if !zorder.is_empty() {
+            let columns = self.ctx.table_provider(name).await?.schema();
+            if let Some(c) = zorder.iter().find(|c| columns.index_of(c).is_err()) {
+                return Err(Error::UndefinedObject {
+                    kind: "column",
+                    name: c.clone(),
+                });
+            }
+        }
+        let r = connector.optimize(name, &path, zorder).await?;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("path", DataType::Utf8, false),
+            Field::new("files_removed", DataType::Int64, false),
+            Field::new("files_added", DataType::Int64, false),
+            Field::new("bytes_removed", DataType::Int64, false),
+            Field::new("bytes_added", DataType::Int64, false),
+            Field::new("files_considered", DataType::Int64, false),
+            Field::new("files_skipped", DataType::Int64, false),
+        ]));
+        let int = |v: u64| Arc::new(Int64Array::from(vec![v as i64])) as ArrayRef;
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(StringArray::from(vec![path.display().to_string()])),
+                int(r.files_removed),
+                int(r.files_added),
+                int(r.bytes_removed),
+                int(r.bytes_added),
+                int(r.files_considered),
+                int(r.files_skipped),
+            ],
+        )?;
+        Ok(Output::Rows(schema, vec![batch]))
     }
 
     async fn show_sinks(&self) -> Result<Output> {

@@ -563,7 +563,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
     )?;
     let sink = def
         .connector()?
-        .open(&def.name, &def.path, &shape.schema)
+        .open(&def.name, &def.path, &shape.schema, &def.options)
         .await?;
     let mut sources = Vec::with_capacity(plan.sources.len());
     for i in 0..plan.sources.len() {

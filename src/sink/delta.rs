@@ -6,8 +6,10 @@
 //! when `N <= version` (spec §11.2). A batch replayed after a crash between the Delta commit
 //! and `commits/N` is therefore never written twice.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Weak};
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
@@ -21,6 +23,7 @@ use deltalake::DeltaTable;
 use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
 use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
 use deltalake::kernel::{Action, StructType, Transaction};
+use deltalake::operations::optimize::{Metrics, OptimizeType};
 use deltalake::protocol::DeltaOperation;
 use deltalake::protocol::SaveMode;
 use deltalake::writer::{DeltaWriter, RecordBatchWriter};
@@ -42,6 +45,86 @@ pub struct DeltaSink {
     /// The last batch committed by an app id, once read from the table or written by us:
     /// the transaction version is then known without reading the log again.
     last_batch: std::sync::Mutex<Option<(String, Option<i64>)>>,
+    /// Compact once this many files were added since the last compaction; 0: never.
+    auto_compact: u64,
+    /// The table's number of files after this sink last compacted it, or when the sink
+    /// first wrote (`u64::MAX` before that).
+    files_at_compaction: AtomicU64,
+}
+
+/// What a compaction did (Delta's `OPTIMIZE` metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CompactionReport {
+    pub files_removed: u64,
+    pub files_added: u64,
+    pub bytes_removed: u64,
+    pub bytes_added: u64,
+    /// Files looked at, and those left alone (already at the target size).
+    pub files_considered: u64,
+    pub files_skipped: u64,
+}
+
+impl From<&Metrics> for CompactionReport {
+    fn from(m: &Metrics) -> CompactionReport {
+        CompactionReport {
+            files_removed: m.num_files_removed,
+            files_added: m.num_files_added,
+            bytes_removed: if m.num_files_removed == 0 {
+                0
+            } else {
+                m.files_removed.total_size.max(0) as u64
+            },
+            bytes_added: if m.num_files_added == 0 {
+                0
+            } else {
+                m.files_added.total_size.max(0) as u64
+            },
+            files_considered: m.total_considered_files as u64,
+            files_skipped: m.total_files_skipped as u64,
+        }
+    }
+}
+
+/// The lock that this process's writers of the table at `path` take around a commit.
+pub fn table_lock(path: &Path) -> Arc<Mutex<()>> {
+    static LOCKS: LazyLock<std::sync::Mutex<HashMap<PathBuf, Weak<Mutex<()>>>>> =
+        LazyLock::new(Default::default);
+    let mut locks = LOCKS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(lock) = locks.get(path).and_then(Weak::upgrade) {
+        return lock;
+    }
+    locks.retain(|_, l| l.strong_count() > 0);
+    let lock = Arc::new(Mutex::new(()));
+    locks.insert(path.to_path_buf(), Arc::downgrade(&lock));
+    lock
+}
+
+/// Rewrites the small files of the Delta table at `path` into files of the table's target
+/// size (`delta.targetFileSize`, 100 MB by default), or, with `zorder` columns, rewrites
+/// every file in Z-order of those columns, so that filters on them skip files. One commit,
+/// `dataChange: false`; a table with nothing to compact gets no commit.
+pub async fn optimize(path: &Path, zorder: &[String]) -> Result<CompactionReport> {
+    let lock = table_lock(path);
+    let _guard = lock.lock().await;
+    let table = deltalake::open_table(table_url(path)?)
+        .await
+        .map_err(|e| delta_err(path, e))?;
+    let (_, metrics) = compact(table, zorder)
+        .await
+        .map_err(|e| delta_err(path, e))?;
+    Ok(CompactionReport::from(&metrics))
+}
+
+async fn compact(
+    table: DeltaTable,
+    zorder: &[String],
+) -> deltalake::DeltaResult<(DeltaTable, Metrics)> {
+    let kind = if zorder.is_empty() {
+        OptimizeType::Compact
+    } else {
+        OptimizeType::ZOrder(zorder.to_vec())
+    };
+    table.optimize().with_type(kind).await
 }
 
 fn delta_err(path: &Path, e: impl std::fmt::Display) -> Error {
@@ -58,13 +141,16 @@ pub fn table_url(path: &Path) -> Result<Url> {
 }
 
 impl DeltaSink {
-    pub fn new(path: &Path, schema: SchemaRef) -> Result<DeltaSink> {
+    /// A sink that compacts the table once `auto_compact` files were added (0: never).
+    pub fn new(path: &Path, schema: SchemaRef, auto_compact: u64) -> Result<DeltaSink> {
         Ok(DeltaSink {
             path: path.to_path_buf(),
             url: table_url(path)?,
             schema,
             table: Mutex::new(None),
             last_batch: std::sync::Mutex::new(None),
+            auto_compact,
+            files_at_compaction: AtomicU64::new(u64::MAX),
         })
     }
 
@@ -74,9 +160,18 @@ impl DeltaSink {
         ensure_table(&self.path, name, schema).await
     }
 
+    /// The table as of its latest commit: the kept one, brought up to date when another
+    /// writer (a compaction, another engine) committed since.
     async fn load(&self) -> Result<DeltaTable> {
         let mut guard = self.table.lock().await;
-        if let Some(t) = guard.as_ref() {
+        if let Some(t) = guard.as_mut() {
+            if let Some(v) = t.version()
+                && commit_file(&self.path, v + 1).exists()
+            {
+                t.update_incremental(None)
+                    .await
+                    .map_err(|e| delta_err(&self.path, e))?;
+            }
             return Ok(t.clone());
         }
         let t = deltalake::open_table(self.url.clone())
@@ -122,6 +217,8 @@ impl Sink for DeltaSink {
         mode: &WriteMode,
     ) -> Result<SinkCommit> {
         let schema = &self.schema;
+        let lock = table_lock(&self.path);
+        let _write = lock.lock().await;
         if let Some(v) = self.committed_batch(app_id).await?
             && v >= batch_id.get() as i64
         {
@@ -146,6 +243,13 @@ impl Sink for DeltaSink {
             // needs at least one batch to write.
             batches.push(RecordBatch::new_empty(schema.clone()));
         }
+        let files = table.snapshot().map_or(0, |s| s.log_data().num_files()) as u64;
+        let _ = self.files_at_compaction.compare_exchange(
+            u64::MAX,
+            files,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
         let result = match mode {
             WriteMode::Append => self.append(table, batches, props).await,
             WriteMode::Overwrite => {
@@ -203,8 +307,13 @@ impl Sink for DeltaSink {
         match result {
             Ok(t) => {
                 let version = t.version().map_or(-1, |v| v as i64);
-                *guard = Some(t);
                 self.remember(app_id, Some(batch_id.get() as i64));
+                let t = if *mode == WriteMode::Overwrite {
+                    t
+                } else {
+                    self.maybe_compact(t).await
+                };
+                *guard = Some(t);
                 Ok(SinkCommit::Committed { version })
             }
             Err(e) => {
@@ -224,6 +333,37 @@ impl Sink for DeltaSink {
 }
 
 impl DeltaSink {
+    /// Compacts the table once it has `auto_compact` more files than after the last
+    /// compaction (appends add a file per batch; MERGEs rewrite some and add others). The
+    /// batch is committed already: a failed compaction is logged and changes nothing (its
+    /// files, if any, are orphans no reader sees).
+    async fn maybe_compact(&self, table: DeltaTable) -> DeltaTable {
+        let files = table.snapshot().map_or(0, |s| s.log_data().num_files()) as u64;
+        let base = self.files_at_compaction.load(Ordering::Relaxed);
+        if self.auto_compact == 0 || files < base.saturating_add(self.auto_compact) {
+            return table;
+        }
+        match compact(table.clone(), &[]).await {
+            Ok((t, m)) => {
+                crate::testing::crash_point("after_compaction");
+                let files = t.snapshot().map_or(0, |s| s.log_data().num_files()) as u64;
+                self.files_at_compaction.store(files, Ordering::Relaxed);
+                tracing::debug!(
+                    path = %self.path.display(),
+                    removed = m.num_files_removed,
+                    added = m.num_files_added,
+                    "auto-compacted"
+                );
+                t
+            }
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), error = %e, "auto-compaction failed");
+                self.files_at_compaction.store(files, Ordering::Relaxed);
+                table
+            }
+        }
+    }
+
     /// Appends in two steps, data files then the log entry, so that a crash between them
     /// (crash point `sink_files_written`) can be tested: the files are then orphans that no
     /// reader sees, and the replayed batch writes new ones.
@@ -257,9 +397,13 @@ impl DeltaSink {
 /// See [`DeltaSink::ensure_table`].
 pub async fn ensure_table(path: &Path, name: &str, schema: &SchemaRef) -> Result<()> {
     let url = table_url(path)?;
-    let table = DeltaTable::try_from_url(url)
-        .await
-        .map_err(|e| delta_err(path, e))?;
+    // A new table is not loaded first: the kernel would log an error for its empty log.
+    let table = if path.join("_delta_log").is_dir() {
+        DeltaTable::try_from_url(url).await
+    } else {
+        deltalake::DeltaTableBuilder::from_url(url).and_then(|b| b.build())
+    }
+    .map_err(|e| delta_err(path, e))?;
     if table.version().is_some() {
         let existing = table
             .snapshot()

@@ -19,7 +19,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::datasource::TableProvider;
 
 use crate::error::{Error, Result};
-use crate::sql::options::{OptionSpec, OptionTable, OptionType};
+use crate::sql::options::{OptionSpec, OptionTable, OptionType, Options};
 use crate::types::BatchId;
 
 /// The options of a sink, whatever its connector.
@@ -90,8 +90,18 @@ pub const SINK_OPTIONS: OptionTable = OptionTable {
             "Overrides the table streams' own limit",
         )
         .alterable(),
+        OptionSpec::new(
+            "auto_compact",
+            OptionType::NonNegativeInt,
+            Some("50"),
+            "Delta sinks: compact the table's small files once it has this many more files \
+             than after the last compaction; 0 turns it off",
+        ),
     ],
 };
+
+/// `auto_compact`'s default: Delta's `autoCompact.minNumFiles`.
+pub const DEFAULT_AUTO_COMPACT: u64 = 50;
 pub use file::SinkFormat;
 
 /// How a batch's rows go into the sink.
@@ -210,11 +220,20 @@ impl SinkConnector {
         }
     }
 
-    /// Opens the sink a query writes to.
-    pub async fn open(self, name: &str, path: &Path, schema: &SchemaRef) -> Result<Box<dyn Sink>> {
+    /// Opens the sink a query writes to; `options` are the sink's, as written.
+    pub async fn open(
+        self,
+        name: &str,
+        path: &Path,
+        schema: &SchemaRef,
+        options: &Options,
+    ) -> Result<Box<dyn Sink>> {
         Ok(match self {
             SinkConnector::Delta => {
-                let sink = delta::DeltaSink::new(path, schema.clone())?;
+                let auto_compact = options
+                    .non_negative_int("auto_compact")?
+                    .unwrap_or(DEFAULT_AUTO_COMPACT);
+                let sink = delta::DeltaSink::new(path, schema.clone(), auto_compact)?;
                 sink.ensure_table(name, schema).await?;
                 Box::new(sink)
             }
@@ -222,6 +241,22 @@ impl SinkConnector {
             SinkConnector::Console => Box::new(console::ConsoleSink::new(name)),
             SinkConnector::Noop => Box::new(noop::NoopSink),
         })
+    }
+
+    /// `OPTIMIZE`: compacts the sink's table (Delta sinks only), see [`delta::optimize`].
+    pub async fn optimize(
+        self,
+        name: &str,
+        path: &Path,
+        zorder: &[String],
+    ) -> Result<delta::CompactionReport> {
+        match self {
+            SinkConnector::Delta => delta::optimize(path, zorder).await,
+            other => Err(Error::unsupported(format!(
+                "OPTIMIZE compacts Delta tables; sink \"{name}\" is a {} sink",
+                other.name()
+            ))),
+        }
     }
 
     /// The sink's output as a table, if it has one (a console sink has none).

@@ -110,8 +110,13 @@ struct Plan {
 /// A table version's actions that matter here.
 #[derive(Debug, Default, Clone)]
 struct Commit {
+    /// Files added and removed with `dataChange` (new rows, deleted rows).
     adds: Vec<String>,
     removes: Vec<String>,
+    /// Files added and removed without changing the data (a compaction's rewrite): they
+    /// count in a snapshot, and a stream's changes skip them.
+    rearranged_adds: Vec<String>,
+    rearranged_removes: Vec<String>,
     table_id: Option<String>,
 }
 
@@ -129,13 +134,18 @@ fn read_commit(table: &Path, version: u64) -> Result<Option<Commit>> {
         let v: Value = serde_json::from_str(line).map_err(|e| {
             Error::BadInput(format!("corrupt Delta commit {}: {e}", file.display()))
         })?;
+        let data_change = |a: &Value| a.get("dataChange").and_then(Value::as_bool) != Some(false);
         if let Some(add) = v.get("add") {
-            if add.get("dataChange").and_then(Value::as_bool) != Some(false) {
+            if data_change(add) {
                 c.adds.push(path_of(add)?);
+            } else {
+                c.rearranged_adds.push(path_of(add)?);
             }
         } else if let Some(rm) = v.get("remove") {
-            if rm.get("dataChange").and_then(Value::as_bool) != Some(false) {
+            if data_change(rm) {
                 c.removes.push(path_of(rm)?);
+            } else {
+                c.rearranged_removes.push(path_of(rm)?);
             }
         } else if let Some(meta) = v.get("metaData") {
             c.table_id = meta.get("id").and_then(Value::as_str).map(str::to_string);
@@ -319,12 +329,12 @@ impl DeltaSource {
         let mut files: Vec<Option<&String>> = Vec::new();
         let mut at: std::collections::HashMap<&String, usize> = std::collections::HashMap::new();
         for (_, c) in self.commits.range(..=version) {
-            for r in &c.removes {
+            for r in c.removes.iter().chain(&c.rearranged_removes) {
                 if let Some(i) = at.remove(r) {
                     files[i] = None;
                 }
             }
-            for a in &c.adds {
+            for a in c.adds.iter().chain(&c.rearranged_adds) {
                 if let Some(i) = at.insert(a, files.len()) {
                     files[i] = None;
                 }
@@ -617,7 +627,7 @@ mod tests {
                 Commit {
                     adds,
                     removes,
-                    table_id: None,
+                    ..Commit::default()
                 },
             );
             model.push(live.clone());
@@ -716,5 +726,59 @@ mod tests {
             err.to_string().contains("removed data in version 3"),
             "{err}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_compaction_counts_in_snapshots_and_is_no_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let action = |kind: &str, p: &str, change: bool| {
+            format!("{{\"{kind}\":{{\"path\":\"{p}\",\"dataChange\":{change}}}}}")
+        };
+        commit(
+            dir.path(),
+            0,
+            &[
+                "{\"metaData\":{\"id\":\"t1\"}}",
+                &action("add", "a", true),
+                &action("add", "b", true),
+            ],
+        );
+        // Version 1 rewrites a and b into ab; version 2 adds c.
+        commit(
+            dir.path(),
+            1,
+            &[
+                &action("remove", "a", false),
+                &action("remove", "b", false),
+                &action("add", "ab", false),
+            ],
+        );
+        commit(dir.path(), 2, &[&action("add", "c", true)]);
+        let config = DeltaSourceConfig {
+            path: dir.path().to_path_buf(),
+            schema: Arc::new(datafusion::arrow::datatypes::Schema::empty()),
+            starting_version: None,
+            max_files_per_trigger: 100,
+            ignore_deletes: false,
+        };
+        let mut src = DeltaSource::new(config.clone());
+        src.refresh().unwrap();
+        assert_eq!(src.snapshot_at(0), ["a", "b"]);
+        assert_eq!(src.snapshot_at(1), ["ab"]);
+        assert_eq!(src.snapshot_at(2), ["ab", "c"]);
+        // From version 0 on, the stream reads a and b, then only c: the rewrite neither
+        // stops it (no data removed) nor reads ab's rows again.
+        let mut from_zero = DeltaSource::new(DeltaSourceConfig {
+            starting_version: Some(0),
+            ..config
+        });
+        from_zero.refresh().unwrap();
+        let files: Vec<String> = from_zero
+            .files_after(None)
+            .unwrap()
+            .into_iter()
+            .map(|(_, f)| f)
+            .collect();
+        assert_eq!(files, ["a", "b", "c"]);
     }
 }

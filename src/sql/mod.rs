@@ -106,7 +106,7 @@ fn is_tidemark(words: &[String]) -> bool {
         "DROP" => matches!(w(1), "STREAM" | "SINK"),
         "SHOW" => matches!(w(1), "STREAMS" | "SINKS" | "QUERIES" | "OPTIONS"),
         "STOP" | "START" | "ALTER" => w(1) == "SINK",
-        "FLUSH" => true,
+        "FLUSH" | "OPTIMIZE" => true,
         "EXPLAIN" => w(1) == "CREATE" && w(2) == "SINK",
         _ => false,
     }

@@ -9,6 +9,7 @@
 //! SHOW STREAMS | SHOW SINKS | SHOW QUERIES | SHOW OPTIONS
 //! STOP SINK name | START SINK name
 //! FLUSH [SINK name]
+//! OPTIMIZE name [ZORDER BY (col, ...)]
 //! ```
 
 use std::time::Duration;
@@ -58,6 +59,11 @@ pub enum TidemarkStatement {
     /// Waits until the named sink (or every running sink) has processed what is available.
     Flush {
         sink: Option<String>,
+    },
+    /// `OPTIMIZE name [ZORDER BY (col, ...)]`: compacts a Delta sink's table.
+    Optimize {
+        name: String,
+        zorder: Vec<String>,
     },
     /// `COPY stream FROM STDIN`: the wire server streams the data in.
     CopyFrom(super::copy::CopyFrom),
@@ -229,6 +235,24 @@ fn parse_statement(p: &mut Parser) -> Result<TidemarkStatement> {
             None
         };
         return Ok(TidemarkStatement::Flush { sink });
+    }
+    if parse_word(p, "OPTIMIZE") {
+        let name = parse_name(p)?;
+        let mut zorder = Vec::new();
+        if parse_word(p, "ZORDER") {
+            expect_word(p, "BY")?;
+            let parens = p.consume_token(&Token::LParen);
+            loop {
+                zorder.push(normalize_ident(&p.parse_identifier()?));
+                if !p.consume_token(&Token::Comma) {
+                    break;
+                }
+            }
+            if parens {
+                p.expect_token(&Token::RParen)?;
+            }
+        }
+        return Ok(TidemarkStatement::Optimize { name, zorder });
     }
     Err(Error::Syntax(format!(
         "unexpected {} at the start of a statement",
@@ -509,6 +533,29 @@ mod tests {
             parse_tidemark("SHOW OPTIONS").unwrap(),
             TidemarkStatement::ShowOptions
         );
+        assert_eq!(
+            parse_tidemark("OPTIMIZE a").unwrap(),
+            TidemarkStatement::Optimize {
+                name: "a".into(),
+                zorder: vec![]
+            }
+        );
+        assert_eq!(
+            parse_tidemark("optimize \"A\" zorder by (Page, \"X\")").unwrap(),
+            TidemarkStatement::Optimize {
+                name: "A".into(),
+                zorder: vec!["page".into(), "X".into()]
+            }
+        );
+        assert_eq!(
+            parse_tidemark("OPTIMIZE a ZORDER BY b, c").unwrap(),
+            TidemarkStatement::Optimize {
+                name: "a".into(),
+                zorder: vec!["b".into(), "c".into()]
+            }
+        );
+        assert!(parse_tidemark("OPTIMIZE a ZORDER BY").is_err());
+        assert!(parse_tidemark("OPTIMIZE a ZORDER (b)").is_err());
         assert_eq!(
             parse_tidemark("FLUSH SINK a").unwrap(),
             TidemarkStatement::Flush {

@@ -56,12 +56,22 @@ async fn create_pipeline(client: &Client, landing: &Path) {
     create_pipeline_into(client, landing, "delta").await
 }
 
+/// Delta sinks compact every `AUTO_COMPACT` files, so crashes land before, between and
+/// after compactions.
+const AUTO_COMPACT: usize = 4;
+
 async fn create_pipeline_into(client: &Client, landing: &Path, connector: &str) {
+    let compact = if connector == "delta" {
+        format!(", auto_compact = {AUTO_COMPACT}")
+    } else {
+        String::new()
+    };
     client
         .batch_execute(&format!(
             "CREATE STREAM events (id BIGINT, page TEXT, event_time TIMESTAMP) \
              WITH (connector = 'file', format = 'json', path = '{}', max_files_per_trigger = 1);
-             CREATE SINK copied WITH (trigger = 'available_now', connector = '{connector}') AS \
+             CREATE SINK copied WITH (trigger = 'available_now', connector = '{connector}'\
+             {compact}) AS \
              SELECT id, upper(page) AS page, event_time FROM events WHERE id >= 0",
             landing.display()
         ))
@@ -113,6 +123,7 @@ async fn check_exactly_once(client: &Client, data_dir: &Path) {
     // Read the Delta log directly: every commit's txn version, by batch id.
     let log_dir = data_dir.join("tables/copied/_delta_log");
     let mut commits_per_batch: BTreeMap<i64, usize> = BTreeMap::new();
+    let mut compactions = 0;
     for entry in std::fs::read_dir(&log_dir).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_none_or(|x| x != "json") {
@@ -123,6 +134,9 @@ async fn check_exactly_once(client: &Client, data_dir: &Path) {
             if let Some(txn) = v.get("txn") {
                 let version = txn["version"].as_i64().unwrap();
                 *commits_per_batch.entry(version).or_default() += 1;
+            }
+            if v["commitInfo"]["operation"] == "OPTIMIZE" {
+                compactions += 1;
             }
         }
     }
@@ -135,6 +149,12 @@ async fn check_exactly_once(client: &Client, data_dir: &Path) {
     for (batch, n) in &commits_per_batch {
         assert_eq!(*n, 1, "batch {batch} was committed {n} times");
     }
+    // Auto-compaction ran: a restart may start its count again, so at least one fewer
+    // than an uninterrupted run's FILES / AUTO_COMPACT.
+    assert!(
+        compactions >= FILES / AUTO_COMPACT - 2,
+        "{compactions} compactions"
+    );
     // The checkpoint's commit log agrees.
     assert_eq!(
         committed_batches(data_dir, "copied"),
@@ -185,7 +205,11 @@ async fn crash_then_finish(
     let landing = tmp.path().join("landing");
     land_files(&landing);
     let data_dir = tmp.path().join("data");
-    let spec = format!("{point}@6");
+    // `point` alone is armed for batch 5 (the 6th pass); `point@n` for its n-th pass.
+    let (point, spec) = match point.split_once('@') {
+        Some((p, _)) => (p, point.to_string()),
+        None => (point, format!("{point}@6")),
+    };
     let mut server = TestServer::start(&data_dir, 0, &[("TIDEMARK_CRASH_AT", &spec)]).await;
     let port = server.port;
     let client = server.connect().await;
@@ -292,6 +316,16 @@ async fn crash_between_delta_files_and_log_entry_replays_the_batch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_after_commit_log_resumes_with_the_next_batch() {
     crash_at("after_commit_log").await;
+}
+
+/// A crash right after an auto-compaction's commit (batch 7's, the second compaction),
+/// before the batch's entry in commits/: the replayed batch is skipped, nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_compaction_skips_the_committed_batch() {
+    let (_tmp, data_dir, server, client) = crash_then_finish("after_compaction@2", "delta").await;
+    check_exactly_once(&client, &data_dir).await;
+    assert!(server.log().contains("batch already in the table; skipped"));
+    server.stop().await;
 }
 
 /// The windowed pipeline over the `out_of_order` case's files (400 events, 6 files, rows up
