@@ -16,3 +16,8 @@ pub fn parallelism() -> usize {
 
 /// How many batches of logs and state versions are kept (Spark's `minBatchesToRetain`).
 pub const MIN_BATCHES_TO_RETAIN: u64 = 100;
+
+/// Bytes of decoded rows that Delta tables (sink tables, Delta streams) keep in memory
+/// between queries, all tables together: a table that fits is scanned from memory, its new
+/// commits decoded once; one that does not reads its Parquet files per query.
+pub const READ_CACHE_BYTES: u64 = 512 << 20;

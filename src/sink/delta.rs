@@ -15,6 +15,8 @@ use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::Session;
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::datasource::source::DataSourceExec;
 use datafusion::datasource::{TableProvider, TableType};
 use datafusion::error::DataFusionError;
 use datafusion::logical_expr::Expr;
@@ -450,6 +452,8 @@ pub struct DeltaReadTable {
     path: PathBuf,
     schema: SchemaRef,
     cache: Mutex<Option<CachedSnapshot>>,
+    /// Set once the table outgrew the read cache: its scans read the files from then on.
+    too_big: std::sync::atomic::AtomicBool,
 }
 
 /// The table as of `version`, and its DataFusion provider.
@@ -457,6 +461,55 @@ struct CachedSnapshot {
     table: DeltaTable,
     version: u64,
     provider: Arc<dyn TableProvider>,
+    /// The version's rows, decoded, when the table fits the read cache.
+    rows: Option<Arc<TableRows>>,
+    /// Whether `rows` was tried for this version.
+    decoded: bool,
+}
+
+/// Bytes of decoded rows that every table's read cache holds together.
+static CACHED_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// One table version's rows in memory: each live file's batches, cast to the table's
+/// schema. Files are shared with the previous version's, so a new commit decodes only the
+/// files it adds.
+struct TableRows {
+    files: Vec<(String, Arc<[RecordBatch]>)>,
+    /// What this version holds beyond what it shares: released from [`CACHED_BYTES`] on drop.
+    bytes: u64,
+}
+
+impl Drop for TableRows {
+    fn drop(&mut self) {
+        CACHED_BYTES.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+/// Why a table version is read from its files instead of the cache.
+fn uncacheable(table: &DeltaTable) -> Option<&'static str> {
+    let Ok(state) = table.snapshot() else {
+        return Some("no snapshot");
+    };
+    let snapshot = state.snapshot();
+    if !snapshot.metadata().partition_columns().is_empty() {
+        return Some("partitioned");
+    }
+    if snapshot
+        .metadata()
+        .configuration()
+        .get("delta.columnMapping.mode")
+        .is_some_and(|m| !m.eq_ignore_ascii_case("none"))
+    {
+        return Some("column mapping");
+    }
+    if state
+        .log_data()
+        .iter()
+        .any(|f| f.deletion_vector_descriptor().is_some())
+    {
+        return Some("deletion vectors");
+    }
+    None
 }
 
 impl std::fmt::Debug for DeltaReadTable {
@@ -497,52 +550,185 @@ impl DeltaReadTable {
             .table_provider()
             .await
             .map_err(|e| delta_err(path, e))?;
+        let schema = provider.schema();
         let cache = table.version().map(|version| CachedSnapshot {
             table,
             version,
-            provider: provider.clone(),
+            provider,
+            rows: None,
+            decoded: false,
         });
         Ok(DeltaReadTable {
             path: path.to_path_buf(),
-            schema: provider.schema(),
+            schema,
             cache: Mutex::new(cache),
+            too_big: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
-    /// The provider of the table's latest version: the kept one while no newer commit
-    /// exists.
-    async fn latest(&self) -> Result<Arc<dyn TableProvider>> {
+    /// The table's latest version: the kept one while no newer commit exists. Its rows are
+    /// decoded on the version's first scan.
+    async fn latest(&self) -> Result<(Arc<dyn TableProvider>, Option<Arc<TableRows>>)> {
         let mut cache = self.cache.lock().await;
-        if let Some(c) = cache.as_ref()
-            && !commit_file(&self.path, c.version + 1).exists()
-        {
-            return Ok(c.provider.clone());
-        }
-        let table = match cache.take() {
-            Some(mut c) => {
-                c.table
-                    .update_incremental(None)
-                    .await
-                    .map_err(|e| delta_err(&self.path, e))?;
-                c.table
-            }
-            None => deltalake::open_table(table_url(&self.path)?)
+        let current = cache
+            .as_ref()
+            .is_some_and(|c| !commit_file(&self.path, c.version + 1).exists());
+        if !current {
+            let (table, old_rows) = match cache.take() {
+                Some(mut c) => {
+                    c.table
+                        .update_incremental(None)
+                        .await
+                        .map_err(|e| delta_err(&self.path, e))?;
+                    (c.table, c.rows)
+                }
+                None => (
+                    deltalake::open_table(table_url(&self.path)?)
+                        .await
+                        .map_err(|e| delta_err(&self.path, e))?,
+                    None,
+                ),
+            };
+            let provider = table
+                .table_provider()
                 .await
-                .map_err(|e| delta_err(&self.path, e))?,
-        };
-        let provider = table
-            .table_provider()
-            .await
-            .map_err(|e| delta_err(&self.path, e))?;
-        if let Some(version) = table.version() {
+                .map_err(|e| delta_err(&self.path, e))?;
+            let rows = self.decode(&table, old_rows.as_deref()).await;
+            let Some(version) = table.version() else {
+                return Ok((provider, None));
+            };
             *cache = Some(CachedSnapshot {
                 table,
                 version,
-                provider: provider.clone(),
+                provider,
+                rows,
+                decoded: true,
             });
         }
-        Ok(provider)
+        let Some(c) = cache.as_mut() else {
+            return Err(delta_err(&self.path, "the table has no version"));
+        };
+        if !c.decoded {
+            c.rows = self.decode(&c.table, None).await;
+            c.decoded = true;
+        }
+        Ok((c.provider.clone(), c.rows.clone()))
     }
+
+    /// The version's rows decoded into memory, reusing `old`'s files, if the table can be
+    /// read that way and fits [`crate::config::READ_CACHE_BYTES`]; `None` otherwise (the
+    /// scan then reads the files).
+    async fn decode(&self, table: &DeltaTable, old: Option<&TableRows>) -> Option<Arc<TableRows>> {
+        if self.too_big.load(Ordering::Relaxed) {
+            return None;
+        }
+        if let Some(why) = uncacheable(table) {
+            tracing::debug!(path = %self.path.display(), why, "read from files");
+            return None;
+        }
+        let live: Vec<(String, u64)> = table
+            .snapshot()
+            .ok()?
+            .log_data()
+            .iter()
+            .map(|f| (f.path().into_owned(), f.size().max(0) as u64))
+            .collect();
+        let kept: HashMap<&str, &Arc<[RecordBatch]>> = old
+            .map(|o| o.files.iter().map(|(p, b)| (p.as_str(), b)).collect())
+            .unwrap_or_default();
+        let budget = crate::config::READ_CACHE_BYTES;
+        let mut files = Vec::with_capacity(live.len());
+        let mut bytes = 0u64;
+        let mut reserve = |n: u64| -> bool {
+            let before = CACHED_BYTES.fetch_add(n, Ordering::Relaxed);
+            bytes += n;
+            before + n <= budget
+        };
+        let mut fits = true;
+        for (path, _size) in live {
+            if let Some(b) = kept.get(path.as_str()) {
+                // Shared with the old version; counted once, by the newest holder.
+                let n = batches_bytes(b);
+                if !reserve(n) {
+                    fits = false;
+                    break;
+                }
+                files.push((path, Arc::clone(b)));
+                continue;
+            }
+            let file = self.path.join(&path);
+            let schema = self.schema.clone();
+            let read = tokio::task::spawn_blocking(move || read_parquet(&file, &schema)).await;
+            let batches: Arc<[RecordBatch]> = match read {
+                Ok(Ok(b)) => b.into(),
+                Ok(Err(e)) => {
+                    tracing::debug!(path = %self.path.display(), error = %e, "read from files");
+                    fits = false;
+                    break;
+                }
+                Err(_) => {
+                    fits = false;
+                    break;
+                }
+            };
+            if !reserve(batches_bytes(&batches)) {
+                fits = false;
+                break;
+            }
+            files.push((path, batches));
+        }
+        // The old version's own share is released when it drops; this one's counts now.
+        let rows = TableRows { files, bytes };
+        if !fits {
+            if CACHED_BYTES.load(Ordering::Relaxed) > budget {
+                self.too_big.store(true, Ordering::Relaxed);
+                tracing::info!(
+                    path = %self.path.display(),
+                    budget,
+                    "table does not fit the read cache; queries read its files"
+                );
+            }
+            return None;
+        }
+        Some(Arc::new(rows))
+    }
+}
+
+/// The memory that `batches` hold.
+fn batches_bytes(batches: &[RecordBatch]) -> u64 {
+    batches
+        .iter()
+        .map(|b| b.get_array_memory_size() as u64)
+        .sum()
+}
+
+/// A data file's rows, cast to the table's `schema` (a column the file lacks is NULL).
+fn read_parquet(file: &Path, schema: &SchemaRef) -> Result<Vec<RecordBatch>> {
+    use datafusion::arrow::array::new_null_array;
+    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let bad = |e: &dyn std::fmt::Display| delta_err(file, e);
+    let f = std::fs::File::open(file).map_err(|e| bad(&e))?;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(f)
+        .map_err(|e| bad(&e))?
+        .with_batch_size(8192)
+        .build()
+        .map_err(|e| bad(&e))?;
+    let mut out = Vec::new();
+    for batch in reader {
+        let batch = batch.map_err(|e| bad(&e))?;
+        let columns = schema
+            .fields()
+            .iter()
+            .map(|field| match batch.column_by_name(field.name()) {
+                Some(c) if c.data_type() == field.data_type() => Ok(c.clone()),
+                Some(c) => datafusion::arrow::compute::cast(c, field.data_type()),
+                None => Ok(new_null_array(field.data_type(), batch.num_rows())),
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| bad(&e))?;
+        out.push(RecordBatch::try_new(schema.clone(), columns).map_err(|e| bad(&e))?);
+    }
+    Ok(out)
 }
 
 #[async_trait]
@@ -562,10 +748,145 @@ impl TableProvider for DeltaReadTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
-        let provider = self
+        let (provider, rows) = self
             .latest()
             .await
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
-        provider.scan(state, projection, filters, limit).await
+        let Some(rows) = rows else {
+            return provider.scan(state, projection, filters, limit).await;
+        };
+        // The version's rows from memory, spread over the session's partitions file by
+        // file; filters stay above the scan.
+        let n = state.config().target_partitions().max(1);
+        let mut partitions: Vec<Vec<RecordBatch>> = vec![Vec::new(); n];
+        let mut next = 0;
+        for (_, batches) in &rows.files {
+            for b in batches.iter().filter(|b| b.num_rows() > 0) {
+                partitions[next % n].push(b.clone());
+                next += 1;
+            }
+        }
+        partitions.retain(|p| !p.is_empty());
+        let source =
+            MemorySourceConfig::try_new(&partitions, self.schema.clone(), projection.cloned())?
+                .with_limit(limit);
+        Ok(DataSourceExec::from_data_source(source))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Int64Array, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::prelude::SessionContext;
+
+    fn batch(schema: &SchemaRef, ids: &[i64], pages: &[&str]) -> RecordBatch {
+        RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(Int64Array::from(ids.to_vec())),
+                Arc::new(StringArray::from(pages.to_vec())),
+            ],
+        )
+        .unwrap()
+    }
+
+    /// `SELECT ... FROM t` over `table`, sorted, as text.
+    async fn rows(table: Arc<dyn TableProvider>, sql: &str) -> Vec<String> {
+        let ctx = SessionContext::new();
+        ctx.register_table("t", table).unwrap();
+        let batches = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+        let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+            .unwrap()
+            .to_string();
+        let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+        lines.sort();
+        lines
+    }
+
+    #[tokio::test]
+    async fn a_read_table_serves_each_version_from_memory_as_delta_reads_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let schema: SchemaRef = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("page", DataType::Utf8, true),
+        ]));
+        let sink = DeltaSink::new(dir.path(), schema.clone(), 2).unwrap();
+        sink.ensure_table("t", &schema).await.unwrap();
+        let write = |b: u64, ids: &'static [i64], pages: &'static [&'static str]| {
+            let batch = batch(&schema, ids, pages);
+            let sink = &sink;
+            async move {
+                sink.add_batch("q", BatchId(b), vec![batch], &WriteMode::Append)
+                    .await
+                    .unwrap()
+            }
+        };
+        write(0, &[1, 2], &["/a", "/b"]).await;
+        let read = Arc::new(DeltaReadTable::try_new(dir.path()).await.unwrap());
+        let sql = "SELECT id, page FROM t WHERE id > 0";
+        // The independent reading: delta-rs's own provider over a freshly opened table.
+        let delta = || async {
+            let t = deltalake::open_table(table_url(dir.path()).unwrap())
+                .await
+                .unwrap();
+            t.table_provider().await.unwrap()
+        };
+        assert_eq!(
+            rows(read.clone(), sql).await,
+            rows(delta().await, sql).await
+        );
+        let (_, cached) = read.latest().await.unwrap();
+        assert_eq!(cached.unwrap().files.len(), 1);
+        // The second file makes the sink compact the two (auto_compact = 2).
+        write(1, &[3], &["/c"]).await;
+        assert_eq!(
+            rows(read.clone(), sql).await,
+            rows(delta().await, sql).await
+        );
+        let (_, cached) = read.latest().await.unwrap();
+        let compacted = cached.unwrap().files.clone();
+        assert_eq!(compacted.len(), 1, "the compacted file");
+        // A third: the compacted file is kept decoded, the new one decoded once.
+        write(2, &[4, 5], &["/d", "/e"]).await;
+        let got = rows(read.clone(), sql).await;
+        assert_eq!(got, rows(delta().await, sql).await);
+        assert_eq!(got.iter().filter(|l| l.contains("| /")).count(), 5);
+        let (_, cached) = read.latest().await.unwrap();
+        let files = cached.unwrap().files.clone();
+        assert_eq!(files.len(), 2);
+        assert!(files.iter().any(|(_, b)| Arc::ptr_eq(b, &compacted[0].1)));
+        let agg = "SELECT page, count(*) FROM t GROUP BY page";
+        assert_eq!(
+            rows(read.clone(), agg).await,
+            rows(delta().await, agg).await
+        );
+    }
+
+    #[tokio::test]
+    async fn a_partitioned_table_is_read_from_its_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let schema: SchemaRef = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("page", DataType::Utf8, true),
+        ]));
+        let table = DeltaTable::try_from_url(table_url(dir.path()).unwrap())
+            .await
+            .unwrap();
+        table
+            .write(vec![batch(&schema, &[1, 2, 3], &["/a", "/b", "/a"])])
+            .with_partition_columns(["page"])
+            .await
+            .unwrap();
+        let read = Arc::new(DeltaReadTable::try_new(dir.path()).await.unwrap());
+        let sql = "SELECT id, page FROM t";
+        let got = rows(read.clone(), sql).await;
+        assert!(got.iter().any(|l| l.contains("| 3  | /a")), "{got:?}");
+        let (_, cached) = read.latest().await.unwrap();
+        assert!(
+            cached.is_none(),
+            "partition values live in the log, not the files"
+        );
     }
 }
