@@ -474,12 +474,30 @@ static CACHED_BYTES: AtomicU64 = AtomicU64::new(0);
 /// schema. Files are shared with the previous version's, so a new commit decodes only the
 /// files it adds.
 struct TableRows {
-    files: Vec<(String, Arc<[RecordBatch]>)>,
-    /// What this version holds beyond what it shares: released from [`CACHED_BYTES`] on drop.
+    files: Vec<(String, Arc<CachedFile>)>,
+}
+
+/// A data file's decoded rows, counted in [`CACHED_BYTES`] once, however many versions
+/// share it, until the last one drops.
+struct CachedFile {
+    batches: Vec<RecordBatch>,
     bytes: u64,
 }
 
-impl Drop for TableRows {
+impl CachedFile {
+    /// Counts `batches` in the cache; `false` with it if the cache is then over budget.
+    fn reserve(batches: Vec<RecordBatch>) -> (CachedFile, bool) {
+        let bytes = batches
+            .iter()
+            .map(|b| b.get_array_memory_size() as u64)
+            .sum();
+        let before = CACHED_BYTES.fetch_add(bytes, Ordering::Relaxed);
+        let fits = before + bytes <= crate::config::READ_CACHE_BYTES;
+        (CachedFile { batches, bytes }, fits)
+    }
+}
+
+impl Drop for CachedFile {
     fn drop(&mut self) {
         CACHED_BYTES.fetch_sub(self.bytes, Ordering::Relaxed);
     }
@@ -633,73 +651,45 @@ impl DeltaReadTable {
             .iter()
             .map(|f| (f.path().into_owned(), f.size().max(0) as u64))
             .collect();
-        let kept: HashMap<&str, &Arc<[RecordBatch]>> = old
-            .map(|o| o.files.iter().map(|(p, b)| (p.as_str(), b)).collect())
+        let kept: HashMap<&str, &Arc<CachedFile>> = old
+            .map(|o| o.files.iter().map(|(p, f)| (p.as_str(), f)).collect())
             .unwrap_or_default();
-        let budget = crate::config::READ_CACHE_BYTES;
         let mut files = Vec::with_capacity(live.len());
-        let mut bytes = 0u64;
-        let mut reserve = |n: u64| -> bool {
-            let before = CACHED_BYTES.fetch_add(n, Ordering::Relaxed);
-            bytes += n;
-            before + n <= budget
-        };
-        let mut fits = true;
+        let mut over_budget = false;
         for (path, _size) in live {
-            if let Some(b) = kept.get(path.as_str()) {
-                // Shared with the old version; counted once, by the newest holder.
-                let n = batches_bytes(b);
-                if !reserve(n) {
-                    fits = false;
-                    break;
-                }
-                files.push((path, Arc::clone(b)));
+            if let Some(f) = kept.get(path.as_str()) {
+                files.push((path, Arc::clone(f)));
                 continue;
             }
             let file = self.path.join(&path);
             let schema = self.schema.clone();
             let read = tokio::task::spawn_blocking(move || read_parquet(&file, &schema)).await;
-            let batches: Arc<[RecordBatch]> = match read {
-                Ok(Ok(b)) => b.into(),
+            let batches = match read {
+                Ok(Ok(b)) => b,
                 Ok(Err(e)) => {
                     tracing::debug!(path = %self.path.display(), error = %e, "read from files");
-                    fits = false;
-                    break;
+                    return None;
                 }
-                Err(_) => {
-                    fits = false;
-                    break;
-                }
+                Err(_) => return None,
             };
-            if !reserve(batches_bytes(&batches)) {
-                fits = false;
+            let (cached, fits) = CachedFile::reserve(batches);
+            if !fits {
+                over_budget = true;
                 break;
             }
-            files.push((path, batches));
+            files.push((path, Arc::new(cached)));
         }
-        // The old version's own share is released when it drops; this one's counts now.
-        let rows = TableRows { files, bytes };
-        if !fits {
-            if CACHED_BYTES.load(Ordering::Relaxed) > budget {
-                self.too_big.store(true, Ordering::Relaxed);
-                tracing::info!(
-                    path = %self.path.display(),
-                    budget,
-                    "table does not fit the read cache; queries read its files"
-                );
-            }
+        if over_budget {
+            self.too_big.store(true, Ordering::Relaxed);
+            tracing::info!(
+                path = %self.path.display(),
+                budget = crate::config::READ_CACHE_BYTES,
+                "the read cache is full; queries of this table read its files"
+            );
             return None;
         }
-        Some(Arc::new(rows))
+        Some(Arc::new(TableRows { files }))
     }
-}
-
-/// The memory that `batches` hold.
-fn batches_bytes(batches: &[RecordBatch]) -> u64 {
-    batches
-        .iter()
-        .map(|b| b.get_array_memory_size() as u64)
-        .sum()
 }
 
 /// A data file's rows, cast to the table's `schema` (a column the file lacks is NULL).
@@ -760,8 +750,8 @@ impl TableProvider for DeltaReadTable {
         let n = state.config().target_partitions().max(1);
         let mut partitions: Vec<Vec<RecordBatch>> = vec![Vec::new(); n];
         let mut next = 0;
-        for (_, batches) in &rows.files {
-            for b in batches.iter().filter(|b| b.num_rows() > 0) {
+        for (_, file) in &rows.files {
+            for b in file.batches.iter().filter(|b| b.num_rows() > 0) {
                 partitions[next % n].push(b.clone());
                 next += 1;
             }
@@ -856,7 +846,7 @@ mod tests {
         let (_, cached) = read.latest().await.unwrap();
         let files = cached.unwrap().files.clone();
         assert_eq!(files.len(), 2);
-        assert!(files.iter().any(|(_, b)| Arc::ptr_eq(b, &compacted[0].1)));
+        assert!(files.iter().any(|(_, f)| Arc::ptr_eq(f, &compacted[0].1)));
         let agg = "SELECT page, count(*) FROM t GROUP BY page";
         assert_eq!(
             rows(read.clone(), agg).await,
