@@ -988,15 +988,7 @@ impl Engine {
             }
         }
         let r = connector.optimize(name, &path, zorder).await?;
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("path", DataType::Utf8, false),
-            Field::new("files_removed", DataType::Int64, false),
-            Field::new("files_added", DataType::Int64, false),
-            Field::new("bytes_removed", DataType::Int64, false),
-            Field::new("bytes_added", DataType::Int64, false),
-            Field::new("files_considered", DataType::Int64, false),
-            Field::new("files_skipped", DataType::Int64, false),
-        ]));
+        let schema = optimize_schema();
         let int = |v: u64| Arc::new(Int64Array::from(vec![v as i64])) as ArrayRef;
         let batch = RecordBatch::try_new(
             schema.clone(),
@@ -1084,8 +1076,22 @@ pub fn result_schema(stmt: &TidemarkStatement) -> Option<SchemaRef> {
         TidemarkStatement::ShowQueries => Some(queries_schema()),
         TidemarkStatement::ShowOptions => Some(options_schema()),
         TidemarkStatement::ExplainCreateSink(_) => Some(explain_schema()),
+        TidemarkStatement::Optimize { .. } => Some(optimize_schema()),
         _ => None,
     }
+}
+
+/// The row `OPTIMIZE` answers: Delta's OPTIMIZE metrics.
+fn optimize_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("path", DataType::Utf8, false),
+        Field::new("files_removed", DataType::Int64, false),
+        Field::new("files_added", DataType::Int64, false),
+        Field::new("bytes_removed", DataType::Int64, false),
+        Field::new("bytes_added", DataType::Int64, false),
+        Field::new("files_considered", DataType::Int64, false),
+        Field::new("files_skipped", DataType::Int64, false),
+    ]))
 }
 
 fn options_schema() -> SchemaRef {
