@@ -8,6 +8,8 @@
 # a 1-minute watermark delay: each batch adds ~50 k keys and evicts a closed window's
 # 34–68 k keys. Prints wall time, peak RSS, batch times, and the closed windows with their
 # events (the last windows stay open; both stores must print the same).
+# The sink does not auto-compact (Spark's parquet sink beside it does not either; the cost of
+# auto-compaction here is in docs/benchmarks.md).
 # Environment: BENCH_DIR (default /tmp/state-churn), SKIP_BUILD (use the binary as built).
 set -euo pipefail
 STORE=${1:-memory}
@@ -42,7 +44,8 @@ cat > "$RUN/pipeline.sql" <<SQL
 CREATE STREAM events (user_id TEXT, event_time TIMESTAMP, amount BIGINT,
     WATERMARK FOR event_time AS event_time - INTERVAL '1 minute')
 WITH (format = 'json', path = '$LANDING', max_files_per_trigger = 1);
-CREATE SINK per_user WITH (path = '$RUN/sink', trigger = 'available_now', state_store = '$STORE') AS
+CREATE SINK per_user WITH (path = '$RUN/sink', trigger = 'available_now', state_store = '$STORE',
+    auto_compact = 0) AS
 SELECT window.start AS w, user_id, count(*) AS n, sum(amount) AS total
 FROM events GROUP BY window(event_time, '10 minutes'), user_id;
 COPY (SELECT batch_id, batch_duration_ms, state_rows_total, state_rows_removed
