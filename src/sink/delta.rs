@@ -454,6 +454,8 @@ pub struct DeltaReadTable {
     cache: Mutex<Option<CachedSnapshot>>,
     /// Set once the table outgrew the read cache: its scans read the files from then on.
     too_big: std::sync::atomic::AtomicBool,
+    /// The read cache's size: [`crate::config::READ_CACHE_BYTES`] (tests set another).
+    budget: u64,
 }
 
 /// The table as of `version`, and its DataFusion provider.
@@ -485,14 +487,14 @@ struct CachedFile {
 }
 
 impl CachedFile {
-    /// Counts `batches` in the cache; `false` with it if the cache is then over budget.
-    fn reserve(batches: Vec<RecordBatch>) -> (CachedFile, bool) {
+    /// Counts `batches` in the cache; `false` with it if the cache is then over `budget`.
+    fn reserve(batches: Vec<RecordBatch>, budget: u64) -> (CachedFile, bool) {
         let bytes = batches
             .iter()
             .map(|b| b.get_array_memory_size() as u64)
             .sum();
         let before = CACHED_BYTES.fetch_add(bytes, Ordering::Relaxed);
-        let fits = before + bytes <= crate::config::READ_CACHE_BYTES;
+        let fits = before + bytes <= budget;
         (CachedFile { batches, bytes }, fits)
     }
 }
@@ -581,6 +583,7 @@ impl DeltaReadTable {
             schema,
             cache: Mutex::new(cache),
             too_big: std::sync::atomic::AtomicBool::new(false),
+            budget: crate::config::READ_CACHE_BYTES,
         })
     }
 
@@ -654,8 +657,17 @@ impl DeltaReadTable {
         let kept: HashMap<&str, &Arc<CachedFile>> = old
             .map(|o| o.files.iter().map(|(p, f)| (p.as_str(), f)).collect())
             .unwrap_or_default();
+        // Decoded rows take at least the room of their compressed files: a table whose new
+        // files alone exceed what is left of the budget is not decoded at all.
+        let new_bytes: u64 = live
+            .iter()
+            .filter(|(p, _)| !kept.contains_key(p.as_str()))
+            .map(|(_, size)| size)
+            .sum();
+        if CACHED_BYTES.load(Ordering::Relaxed) + new_bytes > self.budget {
+            return self.outgrown();
+        }
         let mut files = Vec::with_capacity(live.len());
-        let mut over_budget = false;
         for (path, _size) in live {
             if let Some(f) = kept.get(path.as_str()) {
                 files.push((path, Arc::clone(f)));
@@ -672,23 +684,24 @@ impl DeltaReadTable {
                 }
                 Err(_) => return None,
             };
-            let (cached, fits) = CachedFile::reserve(batches);
+            let (cached, fits) = CachedFile::reserve(batches, self.budget);
             if !fits {
-                over_budget = true;
-                break;
+                return self.outgrown();
             }
             files.push((path, Arc::new(cached)));
         }
-        if over_budget {
-            self.too_big.store(true, Ordering::Relaxed);
-            tracing::info!(
-                path = %self.path.display(),
-                budget = crate::config::READ_CACHE_BYTES,
-                "the read cache is full; queries of this table read its files"
-            );
-            return None;
-        }
         Some(Arc::new(TableRows { files }))
+    }
+
+    /// Marks the table as read from its files from now on: it does not fit the cache.
+    fn outgrown<T>(&self) -> Option<T> {
+        self.too_big.store(true, Ordering::Relaxed);
+        tracing::info!(
+            path = %self.path.display(),
+            budget = self.budget,
+            "the read cache is full; queries of this table read its files"
+        );
+        None
     }
 }
 
@@ -852,6 +865,35 @@ mod tests {
             rows(read.clone(), agg).await,
             rows(delta().await, agg).await
         );
+    }
+
+    #[tokio::test]
+    async fn a_table_over_the_cache_budget_is_read_from_its_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let schema: SchemaRef = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("page", DataType::Utf8, true),
+        ]));
+        let sink = DeltaSink::new(dir.path(), schema.clone(), 0).unwrap();
+        sink.ensure_table("t", &schema).await.unwrap();
+        let rows_in = batch(&schema, &[1, 2, 3], &["/a", "/b", "/c"]);
+        sink.add_batch("q", BatchId(0), vec![rows_in], &WriteMode::Append)
+            .await
+            .unwrap();
+        let mut read = DeltaReadTable::try_new(dir.path()).await.unwrap();
+        read.budget = 1;
+        let read = Arc::new(read);
+        let sql = "SELECT id, page FROM t";
+        let delta = deltalake::open_table(table_url(dir.path()).unwrap())
+            .await
+            .unwrap()
+            .table_provider()
+            .await
+            .unwrap();
+        assert_eq!(rows(read.clone(), sql).await, rows(delta, sql).await);
+        let (_, cached) = read.latest().await.unwrap();
+        assert!(cached.is_none());
+        assert!(read.too_big.load(Ordering::Relaxed));
     }
 
     #[tokio::test]
