@@ -622,13 +622,21 @@ impl Engine {
         let trigger = options.get("trigger").map(Trigger::parse).transpose()?;
         options.positive_int("max_files_per_trigger")?;
         options.positive_int("max_rows_per_trigger")?;
+        options.non_negative_int("auto_compact")?;
         let was_running = {
             let cat = self.catalog.lock().await;
-            if cat.sink(name).is_none() {
+            let Some(def) = cat.sink(name) else {
                 return Err(Error::UndefinedObject {
                     kind: "sink",
                     name: name.to_string(),
                 });
+            };
+            let connector = def.connector()?;
+            if connector != SinkConnector::Delta && options.get("auto_compact").is_some() {
+                return Err(Error::invalid_option(format!(
+                    "auto_compact applies to Delta sinks, not to a {} sink",
+                    connector.name()
+                )));
             }
             self.is_running(name)
         };

@@ -96,7 +96,8 @@ pub const SINK_OPTIONS: OptionTable = OptionTable {
             Some("50"),
             "Delta sinks: compact the table's small files once it has this many more files \
              than after the last compaction; 0 turns it off",
-        ),
+        )
+        .alterable(),
     ],
 };
 
