@@ -784,6 +784,13 @@ mod tests {
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use datafusion::prelude::SessionContext;
 
+    fn id_page_schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("page", DataType::Utf8, true),
+        ]))
+    }
+
     fn batch(schema: &SchemaRef, ids: &[i64], pages: &[&str]) -> RecordBatch {
         RecordBatch::try_new(
             schema.clone(),
@@ -811,10 +818,7 @@ mod tests {
     #[tokio::test]
     async fn a_read_table_serves_each_version_from_memory_as_delta_reads_it() {
         let dir = tempfile::tempdir().unwrap();
-        let schema: SchemaRef = Arc::new(Schema::new(vec![
-            Field::new("id", DataType::Int64, true),
-            Field::new("page", DataType::Utf8, true),
-        ]));
+        let schema = id_page_schema();
         let sink = DeltaSink::new(dir.path(), schema.clone(), 2).unwrap();
         sink.ensure_table("t", &schema).await.unwrap();
         let write = |b: u64, ids: &'static [i64], pages: &'static [&'static str]| {
@@ -870,10 +874,7 @@ mod tests {
     #[tokio::test]
     async fn a_table_over_the_cache_budget_is_read_from_its_files() {
         let dir = tempfile::tempdir().unwrap();
-        let schema: SchemaRef = Arc::new(Schema::new(vec![
-            Field::new("id", DataType::Int64, true),
-            Field::new("page", DataType::Utf8, true),
-        ]));
+        let schema = id_page_schema();
         let sink = DeltaSink::new(dir.path(), schema.clone(), 0).unwrap();
         sink.ensure_table("t", &schema).await.unwrap();
         let rows_in = batch(&schema, &[1, 2, 3], &["/a", "/b", "/c"]);
@@ -899,10 +900,7 @@ mod tests {
     #[tokio::test]
     async fn a_partitioned_table_is_read_from_its_files() {
         let dir = tempfile::tempdir().unwrap();
-        let schema: SchemaRef = Arc::new(Schema::new(vec![
-            Field::new("id", DataType::Int64, true),
-            Field::new("page", DataType::Utf8, true),
-        ]));
+        let schema = id_page_schema();
         let table = DeltaTable::try_from_url(table_url(dir.path()).unwrap())
             .await
             .unwrap();

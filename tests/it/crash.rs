@@ -2,7 +2,6 @@
 //! restart it, let the sink finish, and check that the Delta table holds every input row
 //! exactly once and that no batch id was committed twice.
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
@@ -121,25 +120,10 @@ async fn check_exactly_once(client: &Client, data_dir: &Path) {
     assert_eq!(row.get::<_, i64>(3), total - 1);
 
     // Read the Delta log directly: every commit's txn version, by batch id.
-    let log_dir = data_dir.join("tables/copied/_delta_log");
-    let mut commits_per_batch: BTreeMap<i64, usize> = BTreeMap::new();
-    let mut compactions = 0;
-    for entry in std::fs::read_dir(&log_dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_none_or(|x| x != "json") {
-            continue;
-        }
-        for line in std::fs::read_to_string(&path).unwrap().lines() {
-            let v: serde_json::Value = serde_json::from_str(line).unwrap();
-            if let Some(txn) = v.get("txn") {
-                let version = txn["version"].as_i64().unwrap();
-                *commits_per_batch.entry(version).or_default() += 1;
-            }
-            if v["commitInfo"]["operation"] == "OPTIMIZE" {
-                compactions += 1;
-            }
-        }
-    }
+    let crate::harness::DeltaLog {
+        commits_per_batch,
+        compactions,
+    } = crate::harness::read_delta_log(&data_dir.join("tables/copied"));
     // max_files_per_trigger = 1: one batch per file, batch ids 0..FILES.
     assert_eq!(
         commits_per_batch.keys().copied().collect::<Vec<_>>(),

@@ -155,21 +155,10 @@ async fn optimize_beside_a_committing_sink_loses_and_duplicates_nothing() {
     assert_eq!(ids(&client, "SELECT id FROM t").await, want);
     assert_eq!(ids(&client, "SELECT id FROM t_copy").await, want);
     // The Delta log: each batch id once, and compactions happened.
-    let mut batches = std::collections::BTreeMap::<i64, usize>::new();
-    let mut compactions = 0;
-    for entry in std::fs::read_dir(lake.join("_delta_log")).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_none_or(|x| x != "json") {
-            continue;
-        }
-        for line in std::fs::read_to_string(&path).unwrap().lines() {
-            let v: serde_json::Value = serde_json::from_str(line).unwrap();
-            if let Some(txn) = v.get("txn") {
-                *batches.entry(txn["version"].as_i64().unwrap()).or_default() += 1;
-            }
-            compactions += (v["commitInfo"]["operation"] == "OPTIMIZE") as usize;
-        }
-    }
+    let crate::harness::DeltaLog {
+        commits_per_batch: batches,
+        compactions,
+    } = crate::harness::read_delta_log(&lake);
     assert!(batches.values().all(|&n| n == 1), "{batches:?}");
     assert_eq!(
         batches.len() as i64,

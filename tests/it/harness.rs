@@ -181,3 +181,35 @@ impl Rng {
         self.next() % n.max(1)
     }
 }
+
+/// What a Delta table's JSON commits hold, read straight from `_delta_log`.
+pub struct DeltaLog {
+    /// Batch id (the `txn` version) → number of commits carrying it.
+    pub commits_per_batch: std::collections::BTreeMap<i64, usize>,
+    /// Commits whose operation is OPTIMIZE.
+    pub compactions: usize,
+}
+
+/// Reads every JSON commit of the Delta table at `table`.
+pub fn read_delta_log(table: &Path) -> DeltaLog {
+    let mut log = DeltaLog {
+        commits_per_batch: Default::default(),
+        compactions: 0,
+    };
+    for entry in std::fs::read_dir(table.join("_delta_log")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        for line in std::fs::read_to_string(&path).unwrap().lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            if let Some(txn) = v.get("txn") {
+                *log.commits_per_batch
+                    .entry(txn["version"].as_i64().unwrap())
+                    .or_default() += 1;
+            }
+            log.compactions += (v["commitInfo"]["operation"] == "OPTIMIZE") as usize;
+        }
+    }
+    log
+}

@@ -147,20 +147,7 @@ async fn table(server: &TestServer) -> BTreeMap<(i64, String), (i64, i64)> {
 
 /// Batch id → number of Delta commits carrying it.
 fn delta_commits(data_dir: &Path) -> BTreeMap<i64, usize> {
-    let mut out = BTreeMap::new();
-    for entry in std::fs::read_dir(data_dir.join("tables/views/_delta_log")).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_none_or(|x| x != "json") {
-            continue;
-        }
-        for line in std::fs::read_to_string(&path).unwrap().lines() {
-            let v: serde_json::Value = serde_json::from_str(line).unwrap();
-            if let Some(txn) = v.get("txn") {
-                *out.entry(txn["version"].as_i64().unwrap()).or_default() += 1;
-            }
-        }
-    }
-    out
+    crate::harness::read_delta_log(&data_dir.join("tables/views")).commits_per_batch
 }
 
 async fn soak(store: &str) {
