@@ -10,7 +10,8 @@
 # events (the last windows stay open; both stores must print the same).
 # The sink does not auto-compact (Spark's parquet sink beside it does not either; the cost of
 # auto-compaction here is in docs/benchmarks.md).
-# Environment: BENCH_DIR (default /tmp/state-churn), SKIP_BUILD (use the binary as built).
+# Environment: BENCH_DIR (default /tmp/state-churn), SKIP_BUILD (use the binary as built),
+# READ_AHEAD (the stream's read_ahead, default true).
 set -euo pipefail
 STORE=${1:-memory}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -43,7 +44,7 @@ rm -rf "$RUN" && mkdir -p "$RUN"
 cat > "$RUN/pipeline.sql" <<SQL
 CREATE STREAM events (user_id TEXT, event_time TIMESTAMP, amount BIGINT,
     WATERMARK FOR event_time AS event_time - INTERVAL '1 minute')
-WITH (format = 'json', path = '$LANDING', max_files_per_trigger = 1);
+WITH (format = 'json', path = '$LANDING', max_files_per_trigger = 1, read_ahead = ${READ_AHEAD:-true});
 CREATE SINK per_user WITH (path = '$RUN/sink', trigger = 'available_now', state_store = '$STORE',
     auto_compact = 0) AS
 SELECT window.start AS w, user_id, count(*) AS n, sum(amount) AS total

@@ -11,7 +11,7 @@
 # output for the same files is given in SPARK_CSV, whether the results are identical.
 # Environment: MFPT (max_files_per_trigger, default 10), BENCH_DIR, SPARK_CSV, STORE
 # (state_store, default memory; rocksdb needs a binary built with --features rocksdb),
-# SKIP_BUILD (use the binary as built).
+# SKIP_BUILD (use the binary as built), READ_AHEAD (the stream's read_ahead, default true).
 set -euo pipefail
 EVENTS=${1:-1000000}
 MFPT=${MFPT:-10}
@@ -29,7 +29,8 @@ RUN=$WORK/tidemark-$EVENTS
 rm -rf "$RUN" && mkdir -p "$RUN"
 cat > "$RUN/pipeline.sql" <<SQL
 CREATE STREAM clicks (user_id TEXT, page TEXT, event_time TIMESTAMP, duration_s DOUBLE PRECISION)
-WITH (connector = 'file', format = 'json', path = '$LANDING', max_files_per_trigger = $MFPT);
+WITH (connector = 'file', format = 'json', path = '$LANDING', max_files_per_trigger = $MFPT,
+    read_ahead = ${READ_AHEAD:-true});
 CREATE SINK page_views_5m WITH (path = '$RUN/sink', watermark = 'event_time - 10 minutes',
     output_mode = 'append', trigger = 'available_now', state_store = '${STORE:-memory}') AS
 SELECT window.start AS window_start, window.end AS window_end, page,

@@ -201,6 +201,7 @@ impl StreamDef {
             });
         }
         let max_files_per_trigger = options.positive_int("max_files_per_trigger")?;
+        let read_ahead = options.bool("read_ahead")?.unwrap_or(true);
         let mode = match options.get("mode") {
             Some(m) if matches!(format, FileFormat::Json | FileFormat::Csv { .. }) => {
                 ParseMode::parse(m)?
@@ -245,6 +246,7 @@ impl StreamDef {
                 schema,
             },
             max_files_per_trigger,
+            read_ahead,
         };
         Ok(StreamDef {
             name,

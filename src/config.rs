@@ -21,3 +21,7 @@ pub const MIN_BATCHES_TO_RETAIN: u64 = 100;
 /// between queries, all tables together: a table that fits is scanned from memory, its new
 /// commits decoded once; one that does not reads its Parquet files per query.
 pub const READ_CACHE_BYTES: u64 = 512 << 20;
+
+/// Bytes of files a file stream decodes ahead for its next batch while the current one runs
+/// (the files' sizes on disk; their decoded rows take about as much again).
+pub const READ_AHEAD_BYTES: u64 = 256 << 20;

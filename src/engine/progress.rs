@@ -87,7 +87,8 @@ pub struct SourceProgress {
     pub processed_rows_per_second: f64,
     /// Spark's custom source metrics (strings): here `numMalformedRows` (records that did
     /// not parse: kept as NULL rows in PERMISSIVE mode, dropped in DROPMALFORMED) and
-    /// `numMissingFiles` (files gone before they were read).
+    /// `numMissingFiles` (files gone before they were read); the file source also reports
+    /// `numFilesReadAhead` (files decoded while the previous batch ran).
     pub metrics: BTreeMap<String, String>,
 }
 

@@ -7,6 +7,7 @@
 //! [`crate::format`]'s. A folder written by a file sink is read through its manifest: only
 //! committed files.
 
+pub mod ahead;
 pub mod log;
 
 use std::collections::{BTreeMap, HashSet};
@@ -22,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::{BatchStream, Offset, ReadLimit, Source};
 use crate::error::{Error, Result};
 use crate::format::{FileDecoder, FilesTable, manifest};
+use ahead::ReadAhead;
 use log::FileSourceLog;
 
 use crate::sql::options::{OptionSpec, OptionTable, OptionType};
@@ -58,6 +60,12 @@ pub const OPTIONS: OptionTable = OptionTable {
             "At most this many new files per micro-batch (unlimited when unset)",
         ),
         OptionSpec::new(
+            "read_ahead",
+            OptionType::Boolean,
+            Some("true"),
+            "Decode the next batch's likely files while the current batch runs (with max_files_per_trigger)",
+        ),
+        OptionSpec::new(
             "header",
             OptionType::Boolean,
             Some("false"),
@@ -85,6 +93,8 @@ pub struct FileSourceConfig {
     pub decoder: FileDecoder,
     /// At most this many new files per micro-batch.
     pub max_files_per_trigger: Option<u64>,
+    /// Decode the next batch's likely files while the current batch runs ([`ahead`]).
+    pub read_ahead: bool,
 }
 
 /// A file found in the landing directory.
@@ -157,6 +167,8 @@ impl FileSourceConfig {
 struct ReadCounters {
     malformed: u64,
     missing: u64,
+    /// Files whose rows came from the read-ahead.
+    read_ahead: u64,
 }
 
 /// A query's file source: the configuration and the query's log of files taken.
@@ -169,6 +181,7 @@ pub struct FileSource {
     /// `available_now`: the listing fixed when the run started (spec §6.3).
     fixed: Option<Vec<ListedFile>>,
     counters: Arc<Mutex<ReadCounters>>,
+    ahead: Arc<ReadAhead>,
 }
 
 fn log_offset(o: &Offset) -> Result<u64> {
@@ -195,6 +208,7 @@ impl FileSource {
             last_log,
             fixed: None,
             counters: Default::default(),
+            ahead: Default::default(),
         })
     }
 }
@@ -236,11 +250,15 @@ impl Source for FileSource {
                     .max_files_per_trigger
                     .map_or(usize::MAX, |n| n as usize),
             };
-            let new: Vec<ListedFile> = listed
-                .into_iter()
-                .filter(|f| !self.seen.contains(&f.path))
-                .take(limit)
-                .collect();
+            let mut unseen = listed.into_iter().filter(|f| !self.seen.contains(&f.path));
+            let new: Vec<ListedFile> = unseen.by_ref().take(limit).collect();
+            // The batch after this one takes the next files, unless others land before them.
+            self.ahead
+                .guess(if limit == usize::MAX || !self.config.read_ahead {
+                    Vec::new()
+                } else {
+                    within_budget(unseen.take(limit).map(|f| f.local_path()))
+                });
             if !new.is_empty() {
                 let k = self.last_log.map_or(0, |k| k + 1);
                 self.log.write(k, &new)?;
@@ -264,20 +282,44 @@ impl Source for FileSource {
         *self.counters.lock().unwrap_or_else(|e| e.into_inner()) = ReadCounters::default();
         let counters = self.counters.clone();
         let decoder = Arc::new(self.config.decoder.clone());
+        let files: Vec<_> = paths
+            .into_iter()
+            .map(|p| {
+                let ahead = self.ahead.take(&p);
+                (p, ahead)
+            })
+            .collect();
+        self.ahead.forget();
+        let reads_decoder = decoder.clone();
         // Files are decoded in parallel, their batches kept in file order.
-        let reads = futures::stream::iter(paths.into_iter().map(move |p| {
-            let decoder = decoder.clone();
-            tokio::task::spawn_blocking(move || decoder.read(&p))
+        let reads = futures::stream::iter(files.into_iter().map(move |(p, ahead)| {
+            let decoder = reads_decoder.clone();
+            async move {
+                if let Some(ahead) = ahead
+                    && let Some(read) = ahead.get().await
+                {
+                    return Ok((read, true));
+                }
+                tokio::task::spawn_blocking(move || decoder.read(&p))
+                    .await
+                    .map_err(|e| Error::Internal(format!("file reader panicked: {e}")))?
+                    .map(|read| (read, false))
+            }
         }))
         .buffered(crate::config::parallelism())
         .map(move |r| {
-            let read = r.map_err(|e| Error::Internal(format!("file reader panicked: {e}")))??;
+            let (read, was_ahead) = r?;
             let mut c = counters.lock().unwrap_or_else(|e| e.into_inner());
             c.malformed += read.malformed;
             c.missing += u64::from(read.missing);
+            c.read_ahead += u64::from(was_ahead);
             Ok(read.batches)
         });
-        Ok(super::flatten_reads(reads))
+        // Once this batch's files are read, the next batch's are decoded while it runs.
+        let ahead = self.ahead.clone();
+        let then_read_ahead = futures::stream::once(async move { ahead.start(decoder) })
+            .filter_map(|()| futures::future::ready(None));
+        Ok(super::flatten_reads(reads.chain(then_read_ahead)))
     }
 
     fn metrics(&self) -> BTreeMap<String, String> {
@@ -285,8 +327,26 @@ impl Source for FileSource {
         BTreeMap::from([
             ("numMalformedRows".to_string(), c.malformed.to_string()),
             ("numMissingFiles".to_string(), c.missing.to_string()),
+            ("numFilesReadAhead".to_string(), c.read_ahead.to_string()),
         ])
     }
+}
+
+/// The leading files whose sizes together stay within [`crate::config::READ_AHEAD_BYTES`].
+fn within_budget(files: impl Iterator<Item = PathBuf>) -> Vec<PathBuf> {
+    let mut left = crate::config::READ_AHEAD_BYTES;
+    let mut out = Vec::new();
+    for f in files {
+        let Ok(meta) = std::fs::metadata(&f) else {
+            break;
+        };
+        if meta.len() > left {
+            break;
+        }
+        left -= meta.len();
+        out.push(f);
+    }
+    out
 }
 
 fn listed(path: &Path, meta: &std::fs::Metadata) -> ListedFile {
@@ -378,6 +438,7 @@ mod tests {
                 schema: schema(),
             },
             max_files_per_trigger: None,
+            read_ahead: true,
         };
         let files = cfg.list().unwrap();
         assert_eq!(files.len(), 2);
