@@ -228,6 +228,7 @@ impl Sink for DeltaSink {
         }
         let table = self.load().await?;
         let props = CommitProperties::default()
+            .with_cleanup_expired_logs(expired_log_cleanup(&table))
             .with_application_transaction(Transaction::new(app_id, batch_id.get() as i64))
             .with_metadata([
                 ("queryId".to_string(), serde_json::json!(app_id)),
@@ -394,6 +395,18 @@ impl DeltaSink {
         table.state = Some(finalized.snapshot());
         Ok(table)
     }
+}
+
+/// Whether the commit after `table`'s version cleans up expired log files: only when it
+/// also writes a checkpoint (Delta's rule: "each time a checkpoint is written"), so that the
+/// other commits do not list `_delta_log` for nothing. `None`: delta-rs decides.
+fn expired_log_cleanup(table: &DeltaTable) -> Option<bool> {
+    use deltalake::table::config::TablePropertiesExt;
+    let (Some(v), Ok(snapshot)) = (table.version(), table.snapshot()) else {
+        return None;
+    };
+    let interval = snapshot.table_config().checkpoint_interval().get();
+    (!(v + 2).is_multiple_of(interval)).then_some(false)
 }
 
 /// See [`DeltaSink::ensure_table`].
