@@ -2,7 +2,7 @@
 # The seed query end to end, and side by side with Spark on the same files:
 #   five-minute page-view windows, ten-minute watermark, append, available_now.
 #
-#   benches/windowed.sh [EVENTS]            (default 1000000; 100 files)
+#   benches/windowed.sh [EVENTS]            (default 1000000; 100 files, FILES to change)
 #
 # Files: /tmp/oracle-bench/landing-<EVENTS>, made exactly as shared/oracle-tools/bench.py
 # makes them (gen_clicks.py --files 100 --users 10000 --pages 10 --span 24h
@@ -11,16 +11,21 @@
 # output for the same files is given in SPARK_CSV, whether the results are identical.
 # Environment: MFPT (max_files_per_trigger, default 10), BENCH_DIR, SPARK_CSV, STORE
 # (state_store, default memory; rocksdb needs a binary built with --features rocksdb),
-# SKIP_BUILD (use the binary as built), READ_AHEAD (the stream's read_ahead, default true).
+# SKIP_BUILD (use the binary as built), READ_AHEAD (the stream's read_ahead, default true),
+# FILES (how many files the events are in, default 100; other counts land in
+# landing-<EVENTS>-f<FILES>; bench.py --files <FILES> makes the same files in its own
+# --workdir).
 set -euo pipefail
 EVENTS=${1:-1000000}
 MFPT=${MFPT:-10}
+FILES=${FILES:-100}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${BENCH_DIR:-/tmp/oracle-bench}
 LANDING=$WORK/landing-$EVENTS
+[ "$FILES" = 100 ] || LANDING=$LANDING-f$FILES
 GEN=${GEN_CLICKS:-$ROOT/../shared/oracle-tools/gen_clicks.py}
 if [ ! -d "$LANDING" ]; then
-    python3 "$GEN" --out "$LANDING" --events "$EVENTS" --files 100 --users 10000 --pages 10 \
+    python3 "$GEN" --out "$LANDING" --events "$EVENTS" --files "$FILES" --users 10000 --pages 10 \
         --span 24h --late-fraction 0.05 --lateness-max 9m --seed 7 --quiet
 fi
 [ -n "${SKIP_BUILD:-}" ] || (cd "$ROOT" && cargo build --release --quiet)

@@ -111,6 +111,10 @@ pub const CORRUPT_RECORD: &str = "_corrupt_record";
 /// Lines decoded together on the slow path; a group that fails is retried line by line.
 const LINE_GROUP: usize = 1024;
 
+/// A JSON or CSV file is cut into pieces decoded on several threads only if each piece
+/// holds at least this many bytes; below that a thread costs more than it saves.
+const MIN_PIECE_BYTES: u64 = 4 << 20;
+
 /// What reading one file gave.
 #[derive(Debug, Default)]
 pub struct FileRead {
@@ -137,6 +141,18 @@ impl FileDecoder {
     /// Reads one file into batches of the declared schema. A file that vanished since it
     /// was listed reads as empty (`missing`); one that cannot be read is an error.
     pub fn read(&self, file: &Path) -> Result<FileRead> {
+        self.read_on(file, 1)
+    }
+
+    /// [`FileDecoder::read`] on up to `threads` threads: a large JSON or CSV file is cut
+    /// at line ends into pieces decoded in parallel (as Spark splits such files into
+    /// partitions), giving the same rows in the same order as a decode in one piece.
+    pub fn read_on(&self, file: &Path, threads: usize) -> Result<FileRead> {
+        self.read_with(file, threads, MIN_PIECE_BYTES)
+    }
+
+    /// [`FileDecoder::read_on`], cutting only pieces of at least `min_piece` bytes.
+    fn read_with(&self, file: &Path, threads: usize, min_piece: u64) -> Result<FileRead> {
         let f = match File::open(file) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -154,8 +170,28 @@ impl FileDecoder {
         let schema = self.schema.clone();
         let batches = match &self.format {
             FileFormat::Json | FileFormat::Csv { .. } => {
+                let len = f.metadata().map_or(0, |m| m.len());
+                let pieces = usize::try_from(len / min_piece.max(1))
+                    .unwrap_or(usize::MAX)
+                    .min(threads);
+                if pieces > 1 {
+                    let mut text = Vec::with_capacity(len as usize);
+                    std::io::Read::read_to_end(&mut &f, &mut text)
+                        .map_err(|e| Error::io(format!("reading {}", file.display()), e))?;
+                    let batches = match self.read_pieces(&text, pieces) {
+                        Some(batches) => Ok(batches),
+                        None => self.read_whole(&text[..], true),
+                    };
+                    return match batches {
+                        Ok(batches) => Ok(FileRead {
+                            batches,
+                            ..FileRead::default()
+                        }),
+                        Err(_) => self.read_records(file, &text[..]),
+                    };
+                }
                 // Fast path: the whole file at once. Any error: again, record by record.
-                if let Ok(batches) = self.read_whole(f) {
+                if let Ok(batches) = self.read_whole(BufReader::with_capacity(1 << 20, f), true) {
                     return Ok(FileRead {
                         batches,
                         ..FileRead::default()
@@ -165,7 +201,7 @@ impl FileDecoder {
                     Ok(f) => f,
                     Err(e) => return Err(Error::io(format!("cannot read {}", file.display()), e)),
                 };
-                return self.read_records(file, f);
+                return self.read_records(file, BufReader::with_capacity(1 << 20, f));
             }
             FileFormat::Parquet => {
                 let builder = ParquetRecordBatchReaderBuilder::try_new(f)
@@ -234,10 +270,43 @@ impl FileDecoder {
         ))
     }
 
-    /// A JSON or CSV file in one pass; any malformed record fails it.
-    fn read_whole(&self, f: File) -> Result<Vec<RecordBatch>> {
+    /// JSON or CSV text cut at line ends into `pieces` parts of about equal size, each
+    /// decoded on its own thread. `None` when a part fails (a malformed record, or a JSON
+    /// value that spans a cut and so leaves one part truncated and the next one not
+    /// starting at a value) or when the text cannot be cut (CSV with quotes, whose quoted
+    /// fields may hold line ends): the caller decodes it in one piece.
+    fn read_pieces(&self, text: &[u8], pieces: usize) -> Option<Vec<RecordBatch>> {
+        let body = match &self.format {
+            FileFormat::Json => text,
+            FileFormat::Csv { .. } if text.contains(&b'"') => return None,
+            FileFormat::Csv { header: false, .. } => text,
+            FileFormat::Csv { header: true, .. } => {
+                let end = text.iter().position(|&b| b == b'\n')?;
+                &text[end + 1..]
+            }
+            _ => return None,
+        };
+        let cuts = line_cuts(body, pieces);
+        std::thread::scope(|s| {
+            let parts: Vec<_> = cuts
+                .windows(2)
+                .map(|w| {
+                    let part = &body[w[0]..w[1]];
+                    s.spawn(move || self.read_whole(part, false))
+                })
+                .collect();
+            let mut out = Vec::new();
+            for part in parts {
+                out.extend(part.join().ok()?.ok()?);
+            }
+            Some(out)
+        })
+    }
+
+    /// A JSON or CSV file in one pass; any malformed record fails it. `header`: a CSV
+    /// header line (if the format has one) opens the text; `header_line`: false for a piece after the first.
+    fn read_whole(&self, input: impl BufRead, header_line: bool) -> Result<Vec<RecordBatch>> {
         let data_schema = self.data_schema();
-        let input = BufReader::with_capacity(1 << 20, f);
         let batches: Vec<RecordBatch> = match &self.format {
             FileFormat::Json => datafusion::arrow::json::ReaderBuilder::new(data_schema.clone())
                 .with_batch_size(BATCH_SIZE)
@@ -246,7 +315,7 @@ impl FileDecoder {
                 .collect::<std::result::Result<_, _>>()?,
             FileFormat::Csv { header, delimiter } => {
                 datafusion::arrow::csv::ReaderBuilder::new(data_schema.clone())
-                    .with_header(*header)
+                    .with_header(*header && header_line)
                     .with_delimiter(*delimiter)
                     .with_batch_size(BATCH_SIZE)
                     .build(input)?
@@ -368,11 +437,10 @@ impl FileDecoder {
     /// JSON or CSV records, one per line, with malformed ones handled per [`ParseMode`].
     /// Groups of lines are decoded together; a group that fails is decoded line by line to
     /// find the bad records.
-    fn read_records(&self, file: &Path, f: File) -> Result<FileRead> {
+    fn read_records(&self, file: &Path, mut reader: impl BufRead) -> Result<FileRead> {
         let data_schema = self.data_schema();
         let corrupt_idx = self.schema.index_of(CORRUPT_RECORD).ok();
         let skip_header = matches!(self.format, FileFormat::Csv { header: true, .. });
-        let mut reader = BufReader::with_capacity(1 << 20, f);
         let mut out = FileRead::default();
         // Decoded rows, and the raw text of malformed ones, in file order.
         let mut parts: Vec<Part> = Vec::new();
@@ -453,6 +521,22 @@ impl FileDecoder {
         out.batches = assemble(&self.schema, &data_schema, corrupt_idx, parts)?;
         Ok(out)
     }
+}
+
+/// Where text is cut into `pieces` parts of about equal size: `0`, then after the first
+/// line end at or past each `len * i / pieces`, then `len`; no part is empty.
+fn line_cuts(text: &[u8], pieces: usize) -> Vec<usize> {
+    let mut cuts = vec![0];
+    for i in 1..pieces {
+        let from = (text.len() * i / pieces).max(*cuts.last().unwrap_or(&0));
+        match text[from..].iter().position(|&b| b == b'\n') {
+            Some(n) if from + n + 1 < text.len() => cuts.push(from + n + 1),
+            _ => break,
+        }
+    }
+    cuts.push(text.len());
+    cuts.dedup();
+    cuts
 }
 
 /// Lists the files a [`FilesTable`] reads at each scan.
@@ -866,5 +950,114 @@ mod tests {
         assert_eq!(got.len(), 2);
         assert_eq!(got[0].0.as_ref().map(String::len), Some((100 << 20) - 9));
         assert_eq!(got[1], (Some("/after".into()), Some(8), None));
+    }
+
+    /// JSON lines of several shapes: member order, missing fields, escapes, blank lines.
+    fn json_lines(n: usize) -> Vec<u8> {
+        let mut text = Vec::new();
+        for i in 0..n {
+            let line = match i % 4 {
+                0 => format!("{{\"page\":\"/p{i}\",\"n\":{i}}}\n"),
+                1 => format!("{{\"n\":{i},\"page\":\"a\\\"q\\n{i}\"}}\r\n"),
+                2 => format!("{{\"page\":\"/p{i}\"}}\n\n"),
+                _ => format!("  {{\"event_time\":\"2026-01-01T00:00:00\",\"n\":{i}}}\n"),
+            };
+            text.extend_from_slice(line.as_bytes());
+        }
+        text
+    }
+
+    #[test]
+    fn line_cuts_fall_after_line_ends_and_leave_no_part_empty() {
+        let text = json_lines(101);
+        for pieces in 1..12 {
+            let cuts = line_cuts(&text, pieces);
+            assert_eq!((cuts[0], *cuts.last().unwrap()), (0, text.len()));
+            assert!(
+                cuts.len() <= pieces + 1 && cuts.len() >= 2,
+                "{pieces}: {cuts:?}"
+            );
+            for w in cuts.windows(2) {
+                assert!(w[0] < w[1], "{cuts:?}");
+                assert!(w[0] == 0 || text[w[0] - 1] == b'\n', "{cuts:?}");
+            }
+        }
+        assert_eq!(line_cuts(b"{}", 4), vec![0, 2]);
+        assert_eq!(line_cuts(b"", 4), vec![0]);
+    }
+
+    #[test]
+    fn a_file_decoded_in_pieces_gives_the_rows_of_one_piece() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("many.json");
+        std::fs::write(&file, json_lines(5000)).unwrap();
+        let cfg = config(FileFormat::Json, ParseMode::FailFast, true);
+        let whole = rows(&cfg.read(&file).unwrap());
+        assert_eq!(whole.len(), 5000);
+        for threads in [2, 3, 7] {
+            let pieces = cfg.read_pieces(&std::fs::read(&file).unwrap(), threads);
+            assert!(pieces.is_some(), "{threads}");
+            let read = cfg.read_with(&file, threads, 1).unwrap();
+            assert_eq!(rows(&read), whole, "{threads}");
+        }
+
+        // CSV with a header: only the first piece skips it.
+        let csv = dir.path().join("many.csv");
+        let mut text = b"page,event_time,n\n".to_vec();
+        for i in 0..3000 {
+            text.extend_from_slice(format!("/p{i},2026-01-01T00:00:0{},{i}\n", i % 10).as_bytes());
+        }
+        std::fs::write(&csv, &text).unwrap();
+        let format = FileFormat::Csv {
+            header: true,
+            delimiter: b',',
+        };
+        let cfg = config(format, ParseMode::FailFast, false);
+        let whole = rows(&cfg.read(&csv).unwrap());
+        assert_eq!(whole.len(), 3000);
+        assert!(cfg.read_pieces(&text, 3).is_some());
+        assert_eq!(rows(&cfg.read_with(&csv, 3, 1).unwrap()), whole);
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_cut_is_decoded_in_one_piece() {
+        let dir = tempfile::tempdir().unwrap();
+        // A JSON object over several lines: any cut inside it truncates one piece.
+        let file = dir.path().join("pretty.json");
+        let mut text = json_lines(40);
+        text.extend_from_slice(b"{\n\"page\":\n\"/pretty\",\n\"n\":\n9\n}\n");
+        text.extend_from_slice(&json_lines(40));
+        std::fs::write(&file, &text).unwrap();
+        let cfg = config(FileFormat::Json, ParseMode::FailFast, false);
+        let whole = rows(&cfg.read(&file).unwrap());
+        assert_eq!(whole.len(), 81);
+        assert!(whole.contains(&(Some("/pretty".into()), Some(9), None)));
+        assert!(cfg.read_pieces(&text, 200).is_none());
+        assert_eq!(rows(&cfg.read_with(&file, 200, 1).unwrap()), whole);
+
+        // Malformed records: the pieces fail, the record-by-record path decides.
+        let bad = dir.path().join("bad.json");
+        std::fs::write(&bad, BAD_JSON).unwrap();
+        let cfg = config(FileFormat::Json, ParseMode::Permissive, true);
+        let one = cfg.read(&bad).unwrap();
+        let split = cfg.read_with(&bad, 4, 1).unwrap();
+        assert_eq!((split.malformed, rows(&split)), (one.malformed, rows(&one)));
+        let cfg = config(FileFormat::Json, ParseMode::FailFast, true);
+        assert!(cfg.read_with(&bad, 4, 1).is_err());
+
+        // CSV with a quoted line end is never cut.
+        let csv = dir.path().join("quoted.csv");
+        let text = b"/a,,1\n\"/b\nc\",,2\n/d,,3\n/e,,4\n".to_vec();
+        std::fs::write(&csv, &text).unwrap();
+        let format = FileFormat::Csv {
+            header: false,
+            delimiter: b',',
+        };
+        let cfg = config(format, ParseMode::FailFast, false);
+        assert!(cfg.read_pieces(&text, 4).is_none());
+        assert_eq!(
+            rows(&cfg.read_with(&csv, 4, 1).unwrap()),
+            rows(&cfg.read(&csv).unwrap())
+        );
     }
 }

@@ -291,7 +291,9 @@ impl Source for FileSource {
             .collect();
         self.ahead.forget();
         let reads_decoder = decoder.clone();
-        // Files are decoded in parallel, their batches kept in file order.
+        // Files are decoded in parallel, their batches kept in file order; with fewer files
+        // than cores, a large file is decoded in pieces on the spare ones.
+        let threads = (crate::config::parallelism() / files.len().max(1)).max(1);
         let reads = futures::stream::iter(files.into_iter().map(move |(p, ahead)| {
             let decoder = reads_decoder.clone();
             async move {
@@ -300,7 +302,7 @@ impl Source for FileSource {
                 {
                     return Ok((read, true));
                 }
-                tokio::task::spawn_blocking(move || decoder.read(&p))
+                tokio::task::spawn_blocking(move || decoder.read_on(&p, threads))
                     .await
                     .map_err(|e| Error::Internal(format!("file reader panicked: {e}")))?
                     .map(|read| (read, false))
