@@ -20,7 +20,7 @@ use crate::source::nexmark::{NexmarkSourceConfig, NexmarkTable};
 use crate::source::rate::{RateConfig, RateMicroBatchConfig};
 use crate::source::table::{DEFAULT_SEGMENT_BYTES, TableConfig};
 use crate::sql::options::{Options, Trigger};
-use crate::sql::parser::{ColumnSpec, WatermarkSpec};
+use crate::sql::parser::{ColumnSpec, QueryKind, WatermarkSpec};
 use crate::sql::types::sql_to_arrow;
 
 /// The version of the catalog file's encoding.
@@ -88,6 +88,8 @@ pub fn options_markdown() -> String {
     for t in option_tables() {
         let title = if t.object == "sink" {
             "Sinks (every connector)".to_string()
+        } else if t.connector.is_empty() {
+            "Materialized views".to_string()
         } else {
             format!("`{}` streams", t.connector)
         };
@@ -100,7 +102,9 @@ pub fn options_markdown() -> String {
                 (false, Some(d)) => format!("`{d}`"),
                 (false, None) => "—".to_string(),
             };
-            let alter = if o.alterable {
+            let alter = if o.alterable && t.connector.is_empty() {
+                " `ALTER MATERIALIZED VIEW` can change it."
+            } else if o.alterable {
                 " `ALTER SINK` can change it."
             } else {
                 ""
@@ -116,9 +120,17 @@ pub fn options_markdown() -> String {
     out
 }
 
+/// The options a sink or a materialized view takes.
+pub fn option_table(kind: QueryKind) -> &'static crate::sql::options::OptionTable {
+    match kind {
+        QueryKind::Sink => &crate::sink::SINK_OPTIONS,
+        QueryKind::MaterializedView => &crate::sink::VIEW_OPTIONS,
+    }
+}
+
 /// Every connector's option table, streams then sinks: `SHOW OPTIONS`, `tidemark.options`
 /// and the docs list these.
-pub fn option_tables() -> [&'static crate::sql::options::OptionTable; 7] {
+pub fn option_tables() -> [&'static crate::sql::options::OptionTable; 8] {
     [
         &crate::source::file::OPTIONS,
         &crate::source::table::OPTIONS,
@@ -127,6 +139,7 @@ pub fn option_tables() -> [&'static crate::sql::options::OptionTable; 7] {
         &crate::source::rate::RATE_MICRO_BATCH_OPTIONS,
         &crate::source::nexmark::OPTIONS,
         &crate::sink::SINK_OPTIONS,
+        &crate::sink::VIEW_OPTIONS,
     ]
 }
 
@@ -565,6 +578,9 @@ impl SinkState {
 /// A sink: a query run incrementally into a Delta table.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SinkDef {
+    /// A sink or a materialized view (catalogs written before views hold sinks only).
+    #[serde(default, skip_serializing_if = "QueryKind::is_sink")]
+    pub kind: QueryKind,
     pub name: String,
     /// The `AS` query, as DataFusion SQL.
     pub query: String,
@@ -596,9 +612,19 @@ pub struct SinkDef {
 }
 
 impl SinkDef {
-    /// The sink's connector (`delta` by default).
+    /// The sink's connector (`delta` by default); a view's store.
     pub fn connector(&self) -> Result<crate::sink::SinkConnector> {
-        crate::sink::SinkConnector::parse(self.options.get("connector").unwrap_or("delta"))
+        match self.kind {
+            QueryKind::MaterializedView => Ok(crate::sink::SinkConnector::View),
+            QueryKind::Sink => {
+                crate::sink::SinkConnector::parse(self.options.get("connector").unwrap_or("delta"))
+            }
+        }
+    }
+
+    /// The options this kind of query takes.
+    pub fn option_table(&self) -> &'static crate::sql::options::OptionTable {
+        option_table(self.kind)
     }
 }
 

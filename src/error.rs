@@ -147,7 +147,9 @@ impl Error {
         match self {
             Error::Syntax(_) => SqlState::SyntaxError,
             Error::UndefinedObject { kind, .. } => match *kind {
-                "stream" | "sink" | "relation" | "table" => SqlState::UndefinedTable,
+                "stream" | "sink" | "materialized view" | "relation" | "table" => {
+                    SqlState::UndefinedTable
+                }
                 "column" => SqlState::UndefinedColumn,
                 _ => SqlState::UndefinedObject,
             },

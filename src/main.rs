@@ -139,7 +139,7 @@ async fn run_statements(engine: &Engine, text: &str) -> Result<(), Error> {
                 let stmt = parse_tidemark(&t)?;
                 let started = match &stmt {
                     TidemarkStatement::CreateSink(cs) => Some(cs.name.clone()),
-                    TidemarkStatement::StartSink { name } => Some(name.clone()),
+                    TidemarkStatement::StartSink { name, .. } => Some(name.clone()),
                     _ => None,
                 };
                 print_output(engine.execute(stmt).await?)?;

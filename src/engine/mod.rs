@@ -29,10 +29,12 @@ use crate::catalog::{
     Catalog, DEFAULT_STATE_PARTITIONS, SinkDef, SinkState, StreamDef, StreamSource, check_watermark,
 };
 use crate::error::{Error, Result};
-use crate::sink::SinkConnector;
+use crate::sink::{SinkConnector, WriteMode};
 use crate::source::table::TableLog;
 use crate::sql::options::{Trigger, format_duration};
-use crate::sql::parser::{CreateSink, CreateStream, TidemarkStatement, parse_watermark_option};
+use crate::sql::parser::{
+    CreateSink, CreateStream, QueryKind, TidemarkStatement, parse_watermark_option,
+};
 use crate::sql::types::arrow_to_sql;
 use aggregate::OutputMode;
 use plan::StateConfig;
@@ -245,19 +247,25 @@ impl Engine {
         let name = TableReference::bare(s.name.clone());
         self.ctx.deregister_table(name.clone())?;
         let connector = s.connector()?;
-        let schema = match connector {
-            // Only a file sink needs the query's schema to read its files back.
-            SinkConnector::File(_) => {
+        let (schema, mode) = match connector {
+            // A file sink needs the query's schema to read its files back, a view its
+            // schema and write mode to load its rows.
+            SinkConnector::File(_) | SinkConnector::View => {
                 let streams = sink_streams_of(s, cat)?;
                 let mode = OutputMode::parse(&s.output_mode)?;
                 let wm = query::sink_watermark(s)?;
-                query::analyze_sink(&s.query, &streams, wm.as_ref(), mode, &state_config(s))
-                    .await?
-                    .schema
+                let shape =
+                    query::analyze_sink(&s.query, &streams, wm.as_ref(), mode, &state_config(s))
+                        .await?;
+                (shape.schema.clone(), shape.write_mode())
             }
-            _ => Arc::new(Schema::empty()),
+            _ => (Arc::new(Schema::empty()), WriteMode::Append),
         };
-        if let Some(table) = connector.read_table(&s.path, &schema).await? {
+        if connector == SinkConnector::View {
+            let store = crate::sink::view::open(&s.path, &schema, &mode)?;
+            let view = crate::sink::view::ViewTable::new(store, s.query.clone());
+            self.ctx.register_table(name, Arc::new(view))?;
+        } else if let Some(table) = connector.read_table(&s.path, &schema).await? {
             self.ctx.register_table(name, table)?;
         }
         Ok(())
@@ -272,11 +280,14 @@ impl Engine {
             TidemarkStatement::DropStream { name, if_exists } => {
                 self.drop_stream(&name, if_exists).await
             }
-            TidemarkStatement::DropSink { name, if_exists } => {
-                self.drop_sink(&name, if_exists).await
-            }
+            TidemarkStatement::DropSink {
+                name,
+                if_exists,
+                kind,
+            } => self.drop_sink(&name, if_exists, kind).await,
             TidemarkStatement::ShowStreams => self.show_streams().await,
             TidemarkStatement::ShowSinks => self.show_sinks().await,
+            TidemarkStatement::ShowViews => self.show_views().await,
             TidemarkStatement::ShowQueries => {
                 let schema = queries_schema();
                 let batch = queries_batch(&self.registry.all(), &schema)?;
@@ -287,9 +298,13 @@ impl Engine {
                 let batch = options_batch(&schema)?;
                 Ok(Output::Rows(schema, vec![batch]))
             }
-            TidemarkStatement::StopSink { name } => self.stop_sink(&name).await,
-            TidemarkStatement::StartSink { name } => self.start_sink(&name).await,
-            TidemarkStatement::AlterSink { name, options } => self.alter_sink(&name, options).await,
+            TidemarkStatement::StopSink { name, kind } => self.stop_sink(&name, kind).await,
+            TidemarkStatement::StartSink { name, kind } => self.start_sink(&name, kind).await,
+            TidemarkStatement::AlterSink {
+                name,
+                options,
+                kind,
+            } => self.alter_sink(&name, options, kind).await,
             TidemarkStatement::Flush { sink } => self.flush(sink.as_deref()).await,
             TidemarkStatement::Optimize { name, zorder } => self.optimize(&name, &zorder).await,
             TidemarkStatement::CopyFrom(c) => Err(Error::unsupported(format!(
@@ -303,8 +318,8 @@ impl Engine {
     fn name_taken(&self, cat: &Catalog, name: &str) -> Option<&'static str> {
         if cat.stream(name).is_some() {
             Some("stream")
-        } else if cat.sink(name).is_some() {
-            Some("sink")
+        } else if let Some(def) = cat.sink(name) {
+            Some(def.kind.noun())
         } else if self
             .ctx
             .table_exist(TableReference::bare(name.to_string()))
@@ -350,10 +365,20 @@ impl Engine {
         cs: &CreateSink,
     ) -> Result<(SinkDef, query::SinkShape)> {
         // The connector first: an unsupported one gets its own 0A000.
-        let connector = SinkConnector::parse(cs.options.get("connector").unwrap_or("delta"))?;
-        cs.options.check(&crate::sink::SINK_OPTIONS)?;
+        let connector = match cs.kind {
+            QueryKind::Sink => {
+                SinkConnector::parse(cs.options.get("connector").unwrap_or("delta"))?
+            }
+            QueryKind::MaterializedView => SinkConnector::View,
+        };
+        let table = crate::catalog::option_table(cs.kind);
+        cs.options.check(table)?;
         let trigger = Trigger::parse(cs.options.get("trigger").unwrap_or("default"))?;
-        let mode = OutputMode::parse(cs.options.get("output_mode").unwrap_or("append"))?;
+        let default_mode = table
+            .get("output_mode")
+            .and_then(|o| o.default)
+            .unwrap_or("append");
+        let mode = OutputMode::parse(cs.options.get("output_mode").unwrap_or(default_mode))?;
         if connector.append_only() && mode != OutputMode::Append {
             // Spark: "Data source parquet does not support Update output mode".
             return Err(Error::Unsupported {
@@ -422,16 +447,19 @@ impl Engine {
         };
         let shape =
             query::analyze_sink(&cs.query, &streams, watermark.as_ref(), mode, &state).await?;
-        let path = match cs.options.get("path") {
-            Some(p) => absolute(p)?,
-            None => self.data_dir.join("tables").join(&cs.name),
-        };
         let (checkpoint, owns_checkpoint) = match cs.options.get("checkpoint_location") {
             Some(p) => (absolute(p)?, false),
             None => (self.data_dir.join("checkpoints").join(&cs.name), true),
         };
+        // A view's rows live in its checkpoint, so that the two always match.
+        let path = match (cs.kind, cs.options.get("path")) {
+            (QueryKind::MaterializedView, _) => checkpoint.join("view"),
+            (_, Some(p)) => absolute(p)?,
+            (_, None) => self.data_dir.join("tables").join(&cs.name),
+        };
         Ok((
             SinkDef {
+                kind: cs.kind,
                 name: cs.name.clone(),
                 query: cs.query.clone(),
                 options: cs.options.clone(),
@@ -451,10 +479,11 @@ impl Engine {
     }
 
     async fn create_sink(&self, cs: CreateSink) -> Result<Output> {
+        let tag = format!("CREATE {}", cs.kind.keyword());
         let mut cat = self.catalog.lock().await;
         if let Some(kind) = self.name_taken(&cat, &cs.name) {
             if cs.if_not_exists {
-                return Ok(Output::Command("CREATE SINK".into()));
+                return Ok(Output::Command(tag));
             }
             return Err(Error::DuplicateObject {
                 kind,
@@ -465,7 +494,7 @@ impl Engine {
         let schema = shape.schema.clone();
         if cat.sinks.iter().any(|s| s.checkpoint == def.checkpoint) {
             return Err(Error::invalid_option(format!(
-                "checkpoint location \"{}\" is used by another sink",
+                "checkpoint location \"{}\" is used by another sink or view",
                 def.checkpoint.display()
             )));
         }
@@ -492,7 +521,7 @@ impl Engine {
         self.registry
             .set(QueryStatus::new(&def.name, Status::Stopped));
         self.spawn(&cat, &def)?;
-        Ok(Output::Command("CREATE SINK".into()))
+        Ok(Output::Command(tag))
     }
 
     async fn explain_sink(&self, cs: CreateSink) -> Result<Output> {
@@ -551,23 +580,22 @@ impl Engine {
         Ok(Output::Command("DROP STREAM".into()))
     }
 
-    async fn drop_sink(&self, name: &str, if_exists: bool) -> Result<Output> {
+    async fn drop_sink(&self, name: &str, if_exists: bool, kind: QueryKind) -> Result<Output> {
+        let tag = format!("DROP {}", kind.keyword());
         {
             let cat = self.catalog.lock().await;
-            if cat.sink(name).is_none() {
-                if if_exists {
-                    return Ok(Output::Command("DROP SINK".into()));
+            match query_def(&cat, name, kind) {
+                Err(Error::UndefinedObject { .. }) if if_exists => {
+                    return Ok(Output::Command(tag));
                 }
-                return Err(Error::UndefinedObject {
-                    kind: "sink",
-                    name: name.to_string(),
-                });
+                Err(e) => return Err(e),
+                Ok(_) => {}
             }
         }
         self.stop_query(name, StopReason::User).await;
         let mut cat = self.catalog.lock().await;
         let Some(def) = cat.sink(name).cloned() else {
-            return Ok(Output::Command("DROP SINK".into()));
+            return Ok(Output::Command(tag));
         };
         cat.sinks.retain(|s| s.name != name);
         cat.save(&self.data_dir)?;
@@ -583,10 +611,13 @@ impl Engine {
                 tracing::warn!(sink = %name, error = %e, "releasing the stream's log");
             }
         }
+        if def.kind == QueryKind::MaterializedView {
+            crate::sink::view::forget(&def.path);
+        }
         if def.owns_checkpoint {
             let _ = std::fs::remove_dir_all(&def.checkpoint);
         }
-        Ok(Output::Command("DROP SINK".into()))
+        Ok(Output::Command(tag))
     }
 
     /// Applies safe changes (trigger, rate limit) to a sink; a running sink restarts with
@@ -595,8 +626,10 @@ impl Engine {
         &self,
         name: &str,
         options: crate::sql::options::Options,
+        kind: QueryKind,
     ) -> Result<Output> {
-        let table = &crate::sink::SINK_OPTIONS;
+        query_def(&*self.catalog.lock().await, name, kind)?;
+        let table = crate::catalog::option_table(kind);
         options.check(table)?;
         if let Some(key) = options
             .0
@@ -609,12 +642,14 @@ impl Engine {
                 .filter(|o| o.alterable)
                 .map(|o| o.name)
                 .collect();
+            let noun = kind.noun();
             return Err(Error::Unsupported {
-                message: format!("option \"{key}\" of a sink cannot be altered"),
+                message: format!("option \"{key}\" of a {noun} cannot be altered"),
                 hint: Some(format!(
-                    "ALTER SINK changes {}. For other changes, drop the sink and create it \
+                    "ALTER {} changes {}. For other changes, drop the {noun} and create it \
                      again (with a new checkpoint_location if its checkpoint cannot serve the \
                      new definition).",
+                    kind.keyword(),
                     alterable.join(", ")
                 )),
             });
@@ -659,31 +694,33 @@ impl Engine {
         if was_running && def.state == SinkState::Running {
             self.spawn(&cat, &def)?;
         }
-        Ok(Output::Command("ALTER SINK".into()))
+        Ok(Output::Command(format!("ALTER {}", kind.keyword())))
     }
 
-    async fn stop_sink(&self, name: &str) -> Result<Output> {
+    async fn stop_sink(&self, name: &str, kind: QueryKind) -> Result<Output> {
+        query_def(&*self.catalog.lock().await, name, kind)?;
         self.set_sink_state(name, SinkState::Stopped, None).await?;
         self.stop_query(name, StopReason::User).await;
         self.registry.update(name, |s| s.status = Status::Stopped);
-        Ok(Output::Command("STOP SINK".into()))
+        Ok(Output::Command(format!("STOP {}", kind.keyword())))
     }
 
-    async fn start_sink(&self, name: &str) -> Result<Output> {
+    async fn start_sink(&self, name: &str, kind: QueryKind) -> Result<Output> {
+        let tag = format!("START {}", kind.keyword());
         let mut cat = self.catalog.lock().await;
-        let def = cat.sink_mut(name).ok_or_else(|| Error::UndefinedObject {
-            kind: "sink",
-            name: name.to_string(),
-        })?;
+        query_def(&cat, name, kind)?;
+        let Some(def) = cat.sink_mut(name) else {
+            return Err(Error::Internal(format!("{name} vanished")));
+        };
         if self.is_running(name) {
-            return Ok(Output::Command("START SINK".into()));
+            return Ok(Output::Command(tag));
         }
         def.state = SinkState::Running;
         def.error = None;
         let def = def.clone();
         cat.save(&self.data_dir)?;
         self.spawn(&cat, &def)?;
-        Ok(Output::Command("START SINK".into()))
+        Ok(Output::Command(tag))
     }
 
     fn is_running(&self, name: &str) -> bool {
@@ -1019,6 +1056,7 @@ impl Engine {
         let rows: Vec<[Option<String>; 8]> = cat
             .sinks
             .iter()
+            .filter(|s| s.kind == QueryKind::Sink)
             .map(|s| {
                 let status = self
                     .registry
@@ -1043,6 +1081,84 @@ impl Engine {
             vec![RecordBatch::try_new(schema, cols)?],
         ))
     }
+}
+
+impl Engine {
+    /// `SHOW MATERIALIZED VIEWS`: each view's definition, status and what it holds.
+    async fn show_views(&self) -> Result<Output> {
+        let cat = self.catalog.lock().await;
+        let schema = views_schema();
+        let mut text: Vec<[Option<String>; 6]> = Vec::new();
+        let mut rows = Vec::new();
+        let mut batches = Vec::new();
+        for s in cat
+            .sinks
+            .iter()
+            .filter(|s| s.kind == QueryKind::MaterializedView)
+        {
+            let status = self
+                .registry
+                .get(&s.name)
+                .map(|q| q.status.as_str().to_string())
+                .unwrap_or_else(|| s.state.as_str().to_string());
+            text.push([
+                Some(s.name.clone()),
+                Some(s.streams.join(", ")),
+                Some(s.trigger.to_string()),
+                Some(s.output_mode.clone()),
+                Some(s.checkpoint.display().to_string()),
+                Some(status),
+            ]);
+            let snap = self
+                .ctx
+                .table_provider(TableReference::bare(s.name.clone()))
+                .await
+                .ok()
+                .and_then(|t| {
+                    t.downcast_ref::<crate::sink::view::ViewTable>()
+                        .map(|v| v.snapshot())
+                });
+            rows.push(snap.as_ref().map(|s| s.num_rows() as i64));
+            batches.push(snap.and_then(|s| s.batch).map(|b| b.get() as i64));
+        }
+        let mut cols = string_columns(&text);
+        cols.push(Arc::new(Int64Array::from(rows)));
+        cols.push(Arc::new(Int64Array::from(batches)));
+        Ok(Output::Rows(
+            schema.clone(),
+            vec![RecordBatch::try_new(schema, cols)?],
+        ))
+    }
+}
+
+/// The definition named `name`, if it is of `kind`: 42P01 when there is none, 42809 when
+/// it is the other kind (`DROP SINK` on a view).
+fn query_def<'a>(cat: &'a Catalog, name: &str, kind: QueryKind) -> Result<&'a SinkDef> {
+    match cat.sink(name) {
+        Some(def) if def.kind == kind => Ok(def),
+        Some(def) => Err(Error::WrongObjectType(format!(
+            "\"{name}\" is not a {}: it is a {}",
+            kind.noun(),
+            def.kind.noun()
+        ))),
+        None => Err(Error::UndefinedObject {
+            kind: kind.noun(),
+            name: name.to_string(),
+        }),
+    }
+}
+
+fn views_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("name", DataType::Utf8, false),
+        Field::new("stream", DataType::Utf8, false),
+        Field::new("trigger", DataType::Utf8, false),
+        Field::new("output_mode", DataType::Utf8, false),
+        Field::new("checkpoint_location", DataType::Utf8, false),
+        Field::new("status", DataType::Utf8, false),
+        Field::new("rows", DataType::Int64, true),
+        Field::new("last_batch", DataType::Int64, true),
+    ]))
 }
 
 /// A Delta stream's columns: the table's. Declaring them is refused.
@@ -1081,6 +1197,7 @@ pub fn result_schema(stmt: &TidemarkStatement) -> Option<SchemaRef> {
     match stmt {
         TidemarkStatement::ShowStreams => Some(streams_schema()),
         TidemarkStatement::ShowSinks => Some(sinks_schema()),
+        TidemarkStatement::ShowViews => Some(views_schema()),
         TidemarkStatement::ShowQueries => Some(queries_schema()),
         TidemarkStatement::ShowOptions => Some(options_schema()),
         TidemarkStatement::ExplainCreateSink(_) => Some(explain_schema()),
@@ -1105,7 +1222,8 @@ fn optimize_schema() -> SchemaRef {
 fn options_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
         Field::new("object", DataType::Utf8, false),
-        Field::new("connector", DataType::Utf8, false),
+        // NULL for a materialized view, which has no connector.
+        Field::new("connector", DataType::Utf8, true),
         Field::new("option", DataType::Utf8, false),
         Field::new("type", DataType::Utf8, false),
         Field::new("default", DataType::Utf8, true),
@@ -1142,7 +1260,7 @@ fn options_batch(schema: &SchemaRef) -> Result<RecordBatch> {
         schema.clone(),
         vec![
             text(&|(t, _)| Some(t.object.to_string())),
-            text(&|(t, _)| Some(t.connector.to_string())),
+            text(&|(t, _)| Some(t.connector.to_string()).filter(|c| !c.is_empty())),
             text(&|(_, o)| Some(o.name.to_string())),
             text(&|(_, o)| Some(o.ty.describe())),
             text(&|(_, o)| o.default.map(str::to_string)),

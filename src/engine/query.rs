@@ -239,6 +239,7 @@ pub fn explain(def: &SinkDef, streams: &[&StreamDef], shape: &SinkShape) -> Resu
         SinkConnector::Console => "ConsoleSink".to_string(),
         SinkConnector::Noop => "NoopSink".to_string(),
         SinkConnector::File(f) => format!("FileSink[{}]", f.name()),
+        SinkConnector::View => "MaterializedView".to_string(),
     };
     let path = if connector.has_path() {
         format!(" path={}", def.path.display())
@@ -563,7 +564,13 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
     )?;
     let sink = def
         .connector()?
-        .open(&def.name, &def.path, &shape.schema, &def.options)
+        .open(
+            &def.name,
+            &def.path,
+            &shape.schema,
+            &def.options,
+            &shape.write_mode(),
+        )
         .await?;
     let mut sources = Vec::with_capacity(plan.sources.len());
     for i in 0..plan.sources.len() {

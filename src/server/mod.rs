@@ -40,6 +40,7 @@ use pgwire::messages::data::{NoData, ParameterDescription};
 use pgwire::messages::extendedquery::{Describe, TARGET_TYPE_BYTE_STATEMENT};
 use tokio::net::TcpListener;
 
+mod catalog;
 mod copy;
 mod insert;
 
@@ -58,6 +59,7 @@ pub const VERSION_STRING: &str = concat!(
 pub fn prepare_session(engine: &Engine) -> crate::error::Result<()> {
     let ctx = engine.context();
     setup_pg_catalog(ctx, "datafusion", EmptyContextProvider).map_err(|e| Error::DataFusion(*e))?;
+    catalog::install(ctx, "datafusion")?;
     ctx.register_udf(version_udf());
     Ok(())
 }

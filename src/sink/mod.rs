@@ -9,6 +9,7 @@ pub mod console;
 pub mod delta;
 pub mod file;
 pub mod noop;
+pub mod view;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -21,6 +22,53 @@ use datafusion::datasource::TableProvider;
 use crate::error::{Error, Result};
 use crate::sql::options::{OptionSpec, OptionTable, OptionType, Options};
 use crate::types::BatchId;
+
+/// Options every streaming query takes, sink or materialized view.
+const TRIGGER: OptionSpec = OptionSpec::new(
+    "trigger",
+    OptionType::Trigger,
+    Some("default"),
+    "When micro-batches run: default, processing_time <interval>, available_now, once",
+)
+.alterable();
+const CHECKPOINT_LOCATION: OptionSpec = OptionSpec::new(
+    "checkpoint_location",
+    OptionType::Path,
+    Some("<data dir>/checkpoints/<name>"),
+    "The checkpoint directory",
+);
+const WATERMARK: OptionSpec = OptionSpec::new(
+    "watermark",
+    OptionType::Watermark,
+    None,
+    "The event-time watermark, overriding the streams' WATERMARK FOR",
+);
+const STATE_PARTITIONS: OptionSpec = OptionSpec::new(
+    "state_partitions",
+    OptionType::PositiveInt,
+    Some("4"),
+    "Partitions of the state store; fixed once the checkpoint exists",
+);
+const STATE_STORE: OptionSpec = OptionSpec::new(
+    "state_store",
+    OptionType::OneOf(&["memory", "rocksdb"]),
+    Some("memory"),
+    "Where the operators' state lives; fixed once the checkpoint exists",
+);
+const MAX_FILES_PER_TRIGGER: OptionSpec = OptionSpec::new(
+    "max_files_per_trigger",
+    OptionType::PositiveInt,
+    None,
+    "Overrides the file or Delta streams' own limit",
+)
+.alterable();
+const MAX_ROWS_PER_TRIGGER: OptionSpec = OptionSpec::new(
+    "max_rows_per_trigger",
+    OptionType::PositiveInt,
+    None,
+    "Overrides the table streams' own limit",
+)
+.alterable();
 
 /// The options of a sink, whatever its connector.
 pub const SINK_OPTIONS: OptionTable = OptionTable {
@@ -39,57 +87,19 @@ pub const SINK_OPTIONS: OptionTable = OptionTable {
             Some("<data dir>/tables/<name>"),
             "The table's directory (a console or noop sink has none)",
         ),
-        OptionSpec::new(
-            "trigger",
-            OptionType::Trigger,
-            Some("default"),
-            "When micro-batches run: default, processing_time <interval>, available_now, once",
-        )
-        .alterable(),
+        TRIGGER,
         OptionSpec::new(
             "output_mode",
             OptionType::OneOf(&["append", "update", "complete"]),
             Some("append"),
             "What each batch writes (Spark's output modes)",
         ),
-        OptionSpec::new(
-            "checkpoint_location",
-            OptionType::Path,
-            Some("<data dir>/checkpoints/<name>"),
-            "The checkpoint directory",
-        ),
-        OptionSpec::new(
-            "watermark",
-            OptionType::Watermark,
-            None,
-            "The event-time watermark, overriding the streams' WATERMARK FOR",
-        ),
-        OptionSpec::new(
-            "state_partitions",
-            OptionType::PositiveInt,
-            Some("4"),
-            "Partitions of the state store; fixed once the checkpoint exists",
-        ),
-        OptionSpec::new(
-            "state_store",
-            OptionType::OneOf(&["memory", "rocksdb"]),
-            Some("memory"),
-            "Where the state lives; fixed once the checkpoint exists",
-        ),
-        OptionSpec::new(
-            "max_files_per_trigger",
-            OptionType::PositiveInt,
-            None,
-            "Overrides the file or Delta streams' own limit",
-        )
-        .alterable(),
-        OptionSpec::new(
-            "max_rows_per_trigger",
-            OptionType::PositiveInt,
-            None,
-            "Overrides the table streams' own limit",
-        )
-        .alterable(),
+        CHECKPOINT_LOCATION,
+        WATERMARK,
+        STATE_PARTITIONS,
+        STATE_STORE,
+        MAX_FILES_PER_TRIGGER,
+        MAX_ROWS_PER_TRIGGER,
         OptionSpec::new(
             "auto_compact",
             OptionType::NonNegativeInt,
@@ -98,6 +108,28 @@ pub const SINK_OPTIONS: OptionTable = OptionTable {
              than after the last compaction; 0 turns it off",
         )
         .alterable(),
+    ],
+};
+
+/// The options of a materialized view.
+pub const VIEW_OPTIONS: OptionTable = OptionTable {
+    object: "materialized view",
+    connector: "",
+    options: &[
+        TRIGGER,
+        OptionSpec::new(
+            "output_mode",
+            OptionType::OneOf(&["append", "update", "complete"]),
+            Some("update"),
+            "What the view holds: update, every group's latest row; append, the rows the \
+             watermark has made final; complete, the whole result of the last batch",
+        ),
+        CHECKPOINT_LOCATION,
+        WATERMARK,
+        STATE_PARTITIONS,
+        STATE_STORE,
+        MAX_FILES_PER_TRIGGER,
+        MAX_ROWS_PER_TRIGGER,
     ],
 };
 
@@ -171,6 +203,8 @@ pub enum SinkConnector {
     Console,
     /// Drops the rows (Spark's `noop` format), for benchmarks.
     Noop,
+    /// A materialized view's store ([`view`]); never named by a `connector` option.
+    View,
 }
 
 impl SinkConnector {
@@ -197,6 +231,7 @@ impl SinkConnector {
             SinkConnector::Delta => "delta",
             SinkConnector::Console => "console",
             SinkConnector::Noop => "noop",
+            SinkConnector::View => "view",
             SinkConnector::File(f) => f.name(),
         }
     }
@@ -217,17 +252,20 @@ impl SinkConnector {
         match self {
             SinkConnector::Delta => delta::ensure_table(path, name, schema).await,
             SinkConnector::File(f) => file::FileSink::new(path, f, schema.clone()).map(|_| ()),
+            SinkConnector::View => crate::fsutil::create_dir_all(path),
             SinkConnector::Console | SinkConnector::Noop => Ok(()),
         }
     }
 
-    /// Opens the sink a query writes to; `options` are the sink's, as written.
+    /// Opens the sink a query writes to; `options` are the sink's, as written, `mode` how
+    /// its batches are written.
     pub async fn open(
         self,
         name: &str,
         path: &Path,
         schema: &SchemaRef,
         options: &Options,
+        mode: &WriteMode,
     ) -> Result<Box<dyn Sink>> {
         Ok(match self {
             SinkConnector::Delta => {
@@ -241,6 +279,7 @@ impl SinkConnector {
             SinkConnector::File(f) => Box::new(file::FileSink::new(path, f, schema.clone())?),
             SinkConnector::Console => Box::new(console::ConsoleSink::new(name)),
             SinkConnector::Noop => Box::new(noop::NoopSink),
+            SinkConnector::View => Box::new(view::ViewSink::new(view::open(path, schema, mode)?)),
         })
     }
 
@@ -260,13 +299,15 @@ impl SinkConnector {
         }
     }
 
-    /// The sink's output as a table, if it has one (a console sink has none).
+    /// The sink's output as a table, if it has one (a console sink has none; a view's
+    /// table is a [`view::ViewTable`], made with its definition).
     pub async fn read_table(
         self,
         path: &Path,
         schema: &SchemaRef,
     ) -> Result<Option<Arc<dyn TableProvider>>> {
         Ok(match self {
+            SinkConnector::View => None,
             SinkConnector::Delta => Some(Arc::new(delta::DeltaReadTable::try_new(path).await?)),
             SinkConnector::File(f) => Some(Arc::new(file::read_table(path, f, schema.clone()))),
             SinkConnector::Console | SinkConnector::Noop => None,

@@ -102,12 +102,14 @@ pub fn split(sql: &str) -> Vec<Piece> {
 fn is_tidemark(words: &[String]) -> bool {
     let w = |i: usize| words.get(i).map(String::as_str).unwrap_or("");
     match w(0) {
-        "CREATE" => matches!(w(1), "STREAM" | "SINK"),
-        "DROP" => matches!(w(1), "STREAM" | "SINK"),
-        "SHOW" => matches!(w(1), "STREAMS" | "SINKS" | "QUERIES" | "OPTIONS"),
-        "STOP" | "START" | "ALTER" => w(1) == "SINK",
+        "CREATE" | "DROP" => matches!(w(1), "STREAM" | "SINK" | "MATERIALIZED"),
+        "SHOW" => matches!(
+            w(1),
+            "STREAMS" | "SINKS" | "QUERIES" | "OPTIONS" | "MATERIALIZED"
+        ),
+        "STOP" | "START" | "ALTER" => matches!(w(1), "SINK" | "MATERIALIZED"),
         "FLUSH" | "OPTIMIZE" => true,
-        "EXPLAIN" => w(1) == "CREATE" && w(2) == "SINK",
+        "EXPLAIN" => w(1) == "CREATE" && matches!(w(2), "SINK" | "MATERIALIZED"),
         _ => false,
     }
 }

@@ -143,8 +143,9 @@ impl OptionSpec {
 /// `tidemark.options` and the docs all read it.
 #[derive(Debug)]
 pub struct OptionTable {
-    /// `stream` or `sink`.
+    /// `stream`, `sink` or `materialized view`.
     pub object: &'static str,
+    /// The connector, or `""` for an object that has none (a materialized view).
     pub connector: &'static str,
     pub options: &'static [OptionSpec],
 }
@@ -154,6 +155,8 @@ impl OptionTable {
     pub fn what(&self) -> String {
         if self.object == "sink" {
             "a sink".into()
+        } else if self.connector.is_empty() {
+            format!("a {}", self.object)
         } else {
             format!("a {} {}", self.connector, self.object)
         }

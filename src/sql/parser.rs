@@ -3,12 +3,13 @@
 //! ```text
 //! CREATE STREAM [IF NOT EXISTS] name [( col type, ... [, WATERMARK FOR col AS col - INTERVAL '...'] )]
 //!     WITH (key = value, ...)
-//! CREATE SINK [IF NOT EXISTS] name [WITH (key = value, ...)] AS query
-//! EXPLAIN CREATE SINK ...
-//! DROP STREAM|SINK [IF EXISTS] name
-//! SHOW STREAMS | SHOW SINKS | SHOW QUERIES | SHOW OPTIONS
-//! STOP SINK name | START SINK name
-//! FLUSH [SINK name]
+//! CREATE SINK|MATERIALIZED VIEW [IF NOT EXISTS] name [WITH (key = value, ...)] AS query
+//! EXPLAIN CREATE SINK|MATERIALIZED VIEW ...
+//! DROP STREAM|SINK|MATERIALIZED VIEW [IF EXISTS] name
+//! SHOW STREAMS | SHOW SINKS | SHOW MATERIALIZED VIEWS | SHOW QUERIES | SHOW OPTIONS
+//! STOP|START SINK|MATERIALIZED VIEW name
+//! ALTER SINK|MATERIALIZED VIEW name SET (key = value, ...)
+//! FLUSH [SINK|MATERIALIZED VIEW name]
 //! OPTIMIZE name [ZORDER BY (col, ...)]
 //! ```
 
@@ -39,22 +40,28 @@ pub enum TidemarkStatement {
     DropSink {
         name: String,
         if_exists: bool,
+        kind: QueryKind,
     },
     ShowStreams,
     ShowSinks,
+    /// `SHOW MATERIALIZED VIEWS`.
+    ShowViews,
     ShowQueries,
     /// Every connector's options (`tidemark.options`).
     ShowOptions,
     StopSink {
         name: String,
+        kind: QueryKind,
     },
     StartSink {
         name: String,
+        kind: QueryKind,
     },
     /// `ALTER SINK name SET (key = value, ...)`: safe changes, applied in place.
     AlterSink {
         name: String,
         options: Options,
+        kind: QueryKind,
     },
     /// Waits until the named sink (or every running sink) has processed what is available.
     Flush {
@@ -110,9 +117,41 @@ pub struct CreateStream {
     pub options: Options,
 }
 
-/// `CREATE SINK`.
+/// What a streaming query writes into: a sink's table, or a materialized view.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QueryKind {
+    #[default]
+    Sink,
+    MaterializedView,
+}
+
+impl QueryKind {
+    /// `sink`, `materialized view`: as messages name it.
+    pub fn noun(self) -> &'static str {
+        match self {
+            QueryKind::Sink => "sink",
+            QueryKind::MaterializedView => "materialized view",
+        }
+    }
+
+    /// `SINK`, `MATERIALIZED VIEW`: as statements and command tags spell it.
+    pub fn keyword(self) -> &'static str {
+        match self {
+            QueryKind::Sink => "SINK",
+            QueryKind::MaterializedView => "MATERIALIZED VIEW",
+        }
+    }
+
+    pub fn is_sink(&self) -> bool {
+        *self == QueryKind::Sink
+    }
+}
+
+/// `CREATE SINK` and `CREATE MATERIALIZED VIEW`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CreateSink {
+    pub kind: QueryKind,
     pub name: String,
     pub if_not_exists: bool,
     pub options: Options,
@@ -169,30 +208,52 @@ fn expect_word(p: &mut Parser, word: &str) -> Result<()> {
     }
 }
 
+/// `SINK` or `MATERIALIZED VIEW`, which must come next.
+fn parse_query_kind(p: &mut Parser) -> Result<QueryKind> {
+    if parse_word(p, "SINK") {
+        return Ok(QueryKind::Sink);
+    }
+    if word_is(p, 0, "MATERIALIZED") && word_is(p, 1, "VIEW") {
+        p.next_token();
+        p.next_token();
+        return Ok(QueryKind::MaterializedView);
+    }
+    Err(Error::Syntax(format!(
+        "expected SINK or MATERIALIZED VIEW, found {}",
+        p.peek_token().token
+    )))
+}
+
 fn parse_statement(p: &mut Parser) -> Result<TidemarkStatement> {
     if parse_word(p, "CREATE") {
         if parse_word(p, "STREAM") {
             return Ok(TidemarkStatement::CreateStream(parse_create_stream(p)?));
         }
-        expect_word(p, "SINK")?;
-        return Ok(TidemarkStatement::CreateSink(parse_create_sink(p)?));
+        let kind = parse_query_kind(p)?;
+        return Ok(TidemarkStatement::CreateSink(parse_create_sink(p, kind)?));
     }
     if parse_word(p, "EXPLAIN") {
         expect_word(p, "CREATE")?;
-        expect_word(p, "SINK")?;
-        return Ok(TidemarkStatement::ExplainCreateSink(parse_create_sink(p)?));
+        let kind = parse_query_kind(p)?;
+        return Ok(TidemarkStatement::ExplainCreateSink(parse_create_sink(
+            p, kind,
+        )?));
     }
     if parse_word(p, "DROP") {
-        let is_stream = parse_word(p, "STREAM");
-        if !is_stream {
-            expect_word(p, "SINK")?;
-        }
+        let kind = if parse_word(p, "STREAM") {
+            None
+        } else {
+            Some(parse_query_kind(p)?)
+        };
         let if_exists = p.parse_keywords(&[Keyword::IF, Keyword::EXISTS]);
         let name = parse_name(p)?;
-        return Ok(if is_stream {
-            TidemarkStatement::DropStream { name, if_exists }
-        } else {
-            TidemarkStatement::DropSink { name, if_exists }
+        return Ok(match kind {
+            None => TidemarkStatement::DropStream { name, if_exists },
+            Some(kind) => TidemarkStatement::DropSink {
+                name,
+                if_exists,
+                kind,
+            },
         });
     }
     if parse_word(p, "SHOW") {
@@ -202,6 +263,10 @@ fn parse_statement(p: &mut Parser) -> Result<TidemarkStatement> {
         if parse_word(p, "SINKS") {
             return Ok(TidemarkStatement::ShowSinks);
         }
+        if parse_word(p, "MATERIALIZED") {
+            expect_word(p, "VIEWS")?;
+            return Ok(TidemarkStatement::ShowViews);
+        }
         if parse_word(p, "OPTIONS") {
             return Ok(TidemarkStatement::ShowOptions);
         }
@@ -209,27 +274,39 @@ fn parse_statement(p: &mut Parser) -> Result<TidemarkStatement> {
         return Ok(TidemarkStatement::ShowQueries);
     }
     if parse_word(p, "STOP") {
-        expect_word(p, "SINK")?;
+        let kind = parse_query_kind(p)?;
         return Ok(TidemarkStatement::StopSink {
             name: parse_name(p)?,
+            kind,
         });
     }
     if parse_word(p, "START") {
-        expect_word(p, "SINK")?;
+        let kind = parse_query_kind(p)?;
         return Ok(TidemarkStatement::StartSink {
             name: parse_name(p)?,
+            kind,
         });
     }
     if parse_word(p, "ALTER") {
-        expect_word(p, "SINK")?;
+        let kind = parse_query_kind(p)?;
         let name = parse_name(p)?;
-        expect_word(p, "SET")?;
+        if !p.parse_keyword(Keyword::SET) {
+            return Err(Error::Syntax(format!(
+                "expected SET, found {}",
+                p.peek_token().token
+            )));
+        }
         // `SET (...)` reads like `WITH (...)`.
         let options = parse_option_list(p)?;
-        return Ok(TidemarkStatement::AlterSink { name, options });
+        return Ok(TidemarkStatement::AlterSink {
+            name,
+            options,
+            kind,
+        });
     }
     if parse_word(p, "FLUSH") {
-        let sink = if parse_word(p, "SINK") {
+        let sink = if word_is(p, 0, "SINK") || word_is(p, 0, "MATERIALIZED") {
+            parse_query_kind(p)?;
             Some(parse_name(p)?)
         } else {
             None
@@ -399,18 +476,20 @@ pub fn parse_watermark_option(text: &str) -> Result<WatermarkSpec> {
     })
 }
 
-fn parse_create_sink(p: &mut Parser) -> Result<CreateSink> {
+fn parse_create_sink(p: &mut Parser, kind: QueryKind) -> Result<CreateSink> {
     let if_not_exists = p.parse_keywords(&[Keyword::IF, Keyword::NOT, Keyword::EXISTS]);
     let name = parse_name(p)?;
     let options = parse_with_options(p)?.unwrap_or_default();
     if !p.parse_keyword(Keyword::AS) {
         return Err(Error::Syntax(format!(
-            "expected WITH (...) or AS after CREATE SINK {name}, found {}",
+            "expected WITH (...) or AS after CREATE {} {name}, found {}",
+            kind.keyword(),
             p.peek_token().token
         )));
     }
     let query = p.parse_query()?;
     Ok(CreateSink {
+        kind,
         name,
         if_not_exists,
         options,
@@ -522,9 +601,47 @@ mod tests {
             parse_tidemark("DROP SINK IF EXISTS \"MySink\"").unwrap(),
             TidemarkStatement::DropSink {
                 name: "MySink".into(),
-                if_exists: true
+                if_exists: true,
+                kind: QueryKind::Sink,
             }
         );
+        assert_eq!(
+            parse_tidemark("drop materialized view v").unwrap(),
+            TidemarkStatement::DropSink {
+                name: "v".into(),
+                if_exists: false,
+                kind: QueryKind::MaterializedView,
+            }
+        );
+        assert_eq!(
+            parse_tidemark("SHOW MATERIALIZED VIEWS").unwrap(),
+            TidemarkStatement::ShowViews
+        );
+        assert_eq!(
+            parse_tidemark("STOP MATERIALIZED VIEW v").unwrap(),
+            TidemarkStatement::StopSink {
+                name: "v".into(),
+                kind: QueryKind::MaterializedView,
+            }
+        );
+        let TidemarkStatement::CreateSink(cs) = parse_tidemark(
+            "CREATE MATERIALIZED VIEW IF NOT EXISTS v WITH (output_mode = 'complete') \
+             AS SELECT page, count(*) AS n FROM clicks GROUP BY page",
+        )
+        .unwrap() else {
+            panic!("not a view")
+        };
+        assert_eq!(
+            (cs.kind, cs.name.as_str(), cs.if_not_exists),
+            (QueryKind::MaterializedView, "v", true)
+        );
+        assert!(matches!(
+            parse_tidemark("EXPLAIN CREATE MATERIALIZED VIEW v AS SELECT 1").unwrap(),
+            TidemarkStatement::ExplainCreateSink(CreateSink {
+                kind: QueryKind::MaterializedView,
+                ..
+            })
+        ));
         assert_eq!(
             parse_tidemark("show queries;").unwrap(),
             TidemarkStatement::ShowQueries
@@ -571,6 +688,8 @@ mod tests {
             "CREATE STREAM s (a INT",
             "DROP SINK a b",
             "CREATE STREAM s WITH (a = 1, a = 2)",
+            "CREATE MATERIALIZED v AS SELECT 1",
+            "SHOW MATERIALIZED VIEW",
         ] {
             let e = parse_tidemark(sql).unwrap_err();
             assert!(

@@ -315,12 +315,21 @@ async fn crash_after_compaction_skips_the_committed_batch() {
 /// The windowed pipeline over the `out_of_order` case's files (400 events, 6 files, rows up
 /// to 9 minutes out of order), its state in `store`: create, then wait until the sink
 /// finished. Memory-store snapshots every 2 versions, so a run crosses several.
+/// What the windowed query writes into: a Delta sink in append mode, or a materialized
+/// view in update mode (its default).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Target {
+    Sink,
+    View,
+}
+
 async fn windowed_run(
     data_dir: &Path,
     landing: &Path,
     port: u16,
     crash_at: Option<&str>,
     store: &str,
+    target: Target,
 ) -> Option<TestServer> {
     let mut env = vec![("TIDEMARK_STATE_SNAPSHOT_INTERVAL", "2")];
     if let Some(spec) = crash_at {
@@ -333,10 +342,14 @@ async fn windowed_run(
             "CREATE STREAM IF NOT EXISTS clicks (user_id TEXT, page TEXT, event_time TIMESTAMP, \
              duration_s DOUBLE PRECISION, WATERMARK FOR event_time AS event_time - INTERVAL '10 minutes') \
              WITH (format = 'json', path = '{}', max_files_per_trigger = 1);
-             CREATE SINK IF NOT EXISTS views WITH (trigger = 'available_now', state_store = '{store}') AS \
+             CREATE {} IF NOT EXISTS views WITH (trigger = 'available_now', state_store = '{store}') AS \
              SELECT window.start AS window_start, page, count(*) AS n, sum(duration_s) AS total \
              FROM clicks GROUP BY window(event_time, '5 minutes'), page",
-            landing.display()
+            landing.display(),
+            match target {
+                Target::Sink => "SINK",
+                Target::View => "MATERIALIZED VIEW",
+            }
         ))
         .await
         .unwrap();
@@ -439,13 +452,13 @@ pub fn stores() -> Vec<&'static str> {
 
 /// A crash at every crash point of every batch gives the same final table, state, watermark
 /// and batch count as an uninterrupted run.
-async fn windowed_crash_everywhere(store: &str) {
+async fn windowed_crash_everywhere(store: &str, target: Target) {
     let tmp = tempfile::tempdir().unwrap();
     let landing = tmp.path().join("landing");
     land_case(&landing);
     let port = free_port();
     let ref_dir = tmp.path().join("ref");
-    let reference = windowed_run(&ref_dir, &landing, port, None, store)
+    let reference = windowed_run(&ref_dir, &landing, port, None, store, target)
         .await
         .unwrap();
     let want = windowed_table(&reference).await;
@@ -461,30 +474,36 @@ async fn windowed_crash_everywhere(store: &str) {
     assert!(!want_state.is_empty() && want_wm > 0);
     let snapshot_hits = if store == "memory" { 3 } else { 7 };
     let mut runs = 0;
-    for (point, hits) in [
+    // The sink's own point (Delta data files written, no log entry yet) or the view's
+    // (its log file written, not yet renamed; renamed, not yet in memory).
+    let own: &[(&str, usize)] = match target {
+        Target::Sink => &[("sink_files_written", 7)],
+        Target::View => &[("view_log_before_rename", 7), ("view_after_log", 7)],
+    };
+    let points = [
         ("after_source_log_write", 6),
         ("after_offsets_write", 7),
         ("before_sink_commit", 7),
-        ("sink_files_written", 7),
         ("after_sink_commit", 7),
         ("after_commit_log", 7),
         ("mid_state_snapshot", snapshot_hits),
-    ] {
+    ];
+    for &(point, hits) in points.iter().chain(own) {
         for n in 1..=hits {
             let data_dir = tmp.path().join(format!("{point}-{n}"));
             let spec = format!("{point}@{n}");
             assert!(
-                windowed_run(&data_dir, &landing, port, Some(&spec), store)
+                windowed_run(&data_dir, &landing, port, Some(&spec), store, target)
                     .await
                     .is_none()
             );
-            let server = windowed_run(&data_dir, &landing, port, None, store)
+            let server = windowed_run(&data_dir, &landing, port, None, store, target)
                 .await
                 .unwrap();
             let got = windowed_table(&server).await;
             assert_eq!(
                 got, want,
-                "{store}, crash at {spec}: the final table differs"
+                "{store}, {target:?}, crash at {spec}: the final table differs"
             );
             server.stop().await;
             assert_eq!(
@@ -505,16 +524,29 @@ async fn windowed_crash_everywhere(store: &str) {
             runs += 1;
         }
     }
-    eprintln!("{store}: {runs} crash runs equal the uninterrupted run");
+    eprintln!("{store}, {target:?}: {runs} crash runs equal the uninterrupted run");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn windowed_crash_everywhere_memory_store() {
-    windowed_crash_everywhere("memory").await;
+    windowed_crash_everywhere("memory", Target::Sink).await;
 }
 
 #[cfg(feature = "rocksdb")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn windowed_crash_everywhere_rocksdb_store() {
-    windowed_crash_everywhere("rocksdb").await;
+    windowed_crash_everywhere("rocksdb", Target::Sink).await;
+}
+
+/// A materialized view holds after any crash exactly what it holds after an uninterrupted
+/// run: its log, not the streams, brings it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn view_crash_everywhere_memory_store() {
+    windowed_crash_everywhere("memory", Target::View).await;
+}
+
+#[cfg(feature = "rocksdb")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn view_crash_everywhere_rocksdb_store() {
+    windowed_crash_everywhere("rocksdb", Target::View).await;
 }
