@@ -30,6 +30,7 @@ use super::window::{
     WINDOW_END, WINDOW_START, WindowSpec, assign, assign_session, spec_from_args, window_type,
 };
 use crate::error::{Error, Result};
+use crate::sink::RowTime;
 use crate::state::{StateLayout, StateMetrics, StateStore};
 
 /// Spark's output modes (spec §5.1).
@@ -376,6 +377,71 @@ fn find_output_keys(
         }
     }
     found.iter().all(|f| *f).then_some(out)
+}
+
+/// The output column that tells when the top aggregation's row is final: the window (its
+/// struct, `window.end`, or `window.start` of a fixed window) or the group key that is the
+/// watermarked column.
+pub fn find_output_time(
+    plan: &LogicalPlan,
+    agg_schema: &DFSchema,
+    info: &AggregateInfo,
+) -> Option<RowTime> {
+    let mut top = plan;
+    while !matches!(top, LogicalPlan::Projection(_)) {
+        top = top.inputs().first()?;
+    }
+    let LogicalPlan::Projection(p) = top else {
+        return None;
+    };
+    let group_field = |i: usize| agg_schema.field(i).name().clone();
+    let mut found: Vec<(u8, RowTime)> = Vec::new();
+    for (e, field) in p.expr.iter().zip(p.schema.fields()) {
+        let column = field.name().clone();
+        match (e.clone().unalias(), &info.window, info.key_time) {
+            (Expr::Column(c), Some(w), _) if c.name == group_field(w.position) => found.push((
+                0,
+                RowTime::WindowEnd {
+                    column,
+                    field: Some("end".into()),
+                    plus_us: 0,
+                },
+            )),
+            (Expr::ScalarFunction(f), Some(w), _) if f.func.name() == "get_field" => {
+                let (Some(Expr::Column(c)), Some(arg)) = (f.args.first(), f.args.get(1)) else {
+                    continue;
+                };
+                if c.name != group_field(w.position) {
+                    continue;
+                }
+                match (literal(arg).map(|v| v.to_string()).as_deref(), &w.kind) {
+                    (Some("end"), _) => found.push((
+                        0,
+                        RowTime::WindowEnd {
+                            column,
+                            field: None,
+                            plus_us: 0,
+                        },
+                    )),
+                    (Some("start"), WindowKind::Fixed(spec)) => found.push((
+                        1,
+                        RowTime::WindowEnd {
+                            column,
+                            field: None,
+                            plus_us: spec.size,
+                        },
+                    )),
+                    _ => {}
+                }
+            }
+            (Expr::Column(c), None, Some(KeyTime::Column(i))) if c.name == group_field(i) => {
+                found.push((0, RowTime::EventTime { column }))
+            }
+            _ => {}
+        }
+    }
+    found.sort_by_key(|(rank, _)| *rank);
+    found.into_iter().next().map(|(_, t)| t)
 }
 
 /// The stateful window aggregate of one query run.

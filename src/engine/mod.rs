@@ -29,7 +29,7 @@ use crate::catalog::{
     Catalog, DEFAULT_STATE_PARTITIONS, SinkDef, SinkState, StreamDef, StreamSource, check_watermark,
 };
 use crate::error::{Error, Result};
-use crate::sink::{SinkConnector, WriteMode};
+use crate::sink::{QueryOutput, SinkConnector};
 use crate::source::table::TableLog;
 use crate::sql::options::{Trigger, format_duration};
 use crate::sql::parser::{
@@ -247,9 +247,9 @@ impl Engine {
         let name = TableReference::bare(s.name.clone());
         self.ctx.deregister_table(name.clone())?;
         let connector = s.connector()?;
-        let (schema, mode) = match connector {
-            // A file sink needs the query's schema to read its files back, a view its
-            // schema and write mode to load its rows.
+        let output = match connector {
+            // A file sink needs the query's schema to read its files back, a view what
+            // the query writes to load its rows.
             SinkConnector::File(_) | SinkConnector::View => {
                 let streams = sink_streams_of(s, cat)?;
                 let mode = OutputMode::parse(&s.output_mode)?;
@@ -257,15 +257,15 @@ impl Engine {
                 let shape =
                     query::analyze_sink(&s.query, &streams, wm.as_ref(), mode, &state_config(s))
                         .await?;
-                (shape.schema.clone(), shape.write_mode())
+                shape.output()
             }
-            _ => (Arc::new(Schema::empty()), WriteMode::Append),
+            _ => QueryOutput::append(Arc::new(Schema::empty())),
         };
         if connector == SinkConnector::View {
-            let store = crate::sink::view::open(&s.path, &schema, &mode)?;
+            let store = crate::sink::view::open(&s.path, &output, &s.options)?;
             let view = crate::sink::view::ViewTable::new(store, s.query.clone());
             self.ctx.register_table(name, Arc::new(view))?;
-        } else if let Some(table) = connector.read_table(&s.path, &schema).await? {
+        } else if let Some(table) = connector.read_table(&s.path, &output.schema).await? {
             self.ctx.register_table(name, table)?;
         }
         Ok(())
@@ -307,6 +307,8 @@ impl Engine {
             } => self.alter_sink(&name, options, kind).await,
             TidemarkStatement::Flush { sink } => self.flush(sink.as_deref()).await,
             TidemarkStatement::Optimize { name, zorder } => self.optimize(&name, &zorder).await,
+            // The wire checks the transaction block; there is nothing to undo.
+            TidemarkStatement::Savepoint(c) => Ok(Output::Command(c.tag().into())),
             TidemarkStatement::CopyFrom(c) => Err(Error::unsupported(format!(
                 "COPY {} FROM STDIN needs a client that sends the data (psql's \\copy, a driver)",
                 c.table
@@ -447,6 +449,9 @@ impl Engine {
         };
         let shape =
             query::analyze_sink(&cs.query, &streams, watermark.as_ref(), mode, &state).await?;
+        if connector == SinkConnector::View {
+            crate::sink::view::Retention::from_options(&cs.options, &shape.output())?;
+        }
         let (checkpoint, owns_checkpoint) = match cs.options.get("checkpoint_location") {
             Some(p) => (absolute(p)?, false),
             None => (self.data_dir.join("checkpoints").join(&cs.name), true),

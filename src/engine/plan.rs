@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
@@ -56,10 +56,11 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::aggregate::{
     AggregateInfo, EventTimeStats, KeyTime, OutputMode, WindowKind, analyze_aggregate, check_plan,
-    set_output_keys,
+    find_output_time, set_output_keys,
 };
 use super::operator::{OperatorBatch, StatefulOperator};
 use crate::error::{Error, Result};
+use crate::sink::RowTime;
 use crate::sql::parser::WatermarkSpec;
 
 type DfResult<T> = datafusion::error::Result<T>;
@@ -655,6 +656,8 @@ pub struct StreamingPlan {
     pub watermarks: Vec<WatermarkNode>,
     pub operators: Vec<OperatorNode>,
     pub mode: OutputMode,
+    /// The output column that tells when a row is final, if there is one.
+    pub output_time: Option<RowTime>,
     ctx: SessionContext,
     runtime: Arc<BatchRuntime>,
 }
@@ -1023,10 +1026,14 @@ impl StreamingPlan {
         let plan = rewritten.data;
         let (watermarks, mut operators) = (builder.watermarks, builder.operators);
         check_plan(&plan, operators.len(), mode)?;
-        if let Some(top) = operators.last_mut() {
-            let schema = top_aggregate_schema(&plan)?;
-            set_output_keys(&mut top.info, &plan, &schema, mode)?;
-        }
+        let output_time = match operators.last_mut() {
+            Some(top) => {
+                let schema = top_aggregate_schema(&plan)?;
+                set_output_keys(&mut top.info, &plan, &schema, mode)?;
+                find_output_time(&plan, &schema, &top.info)
+            }
+            None => stateless_output_time(&plan),
+        };
         Ok(StreamingPlan {
             plan,
             sources,
@@ -1034,6 +1041,7 @@ impl StreamingPlan {
             watermarks,
             operators,
             mode,
+            output_time,
             ctx,
             runtime,
         })
@@ -1146,6 +1154,24 @@ pub struct BatchOutput {
 }
 
 /// The output schema of the top `StatefulAggregate`.
+/// The output column of a query without aggregation that tells when a row is final: the
+/// first one that carries the watermark mark (the event time, or a window over it).
+fn stateless_output_time(plan: &LogicalPlan) -> Option<RowTime> {
+    let schema = plan.schema();
+    marked_columns(plan).into_iter().find_map(|column| {
+        let (_, field) = schema.qualified_field_with_unqualified_name(&column).ok()?;
+        match field.data_type() {
+            DataType::Timestamp(..) => Some(RowTime::EventTime { column }),
+            DataType::Struct(_) => Some(RowTime::WindowEnd {
+                column,
+                field: Some("end".into()),
+                plus_us: 0,
+            }),
+            _ => None,
+        }
+    })
+}
+
 fn top_aggregate_schema(plan: &LogicalPlan) -> Result<datafusion::common::DFSchema> {
     let mut found = None;
     plan.apply(|node| {

@@ -29,7 +29,7 @@ use crate::catalog::{SinkDef, StreamDef, StreamSource};
 use crate::checkpoint::{Checkpoint, CheckpointDefinition, CommitEntry, OffsetMetadata, OffsetSeq};
 pub use crate::config::{POLL_INTERVAL, parallelism};
 use crate::error::{Error, Result};
-use crate::sink::{Sink, SinkCommit, SinkConnector, WriteMode};
+use crate::sink::{BatchInfo, QueryOutput, RowTime, Sink, SinkCommit, SinkConnector, WriteMode};
 use crate::source::file::FileSource;
 use crate::source::nexmark::NexmarkSource;
 use crate::source::rate::{RateMicroBatchSource, RateSource};
@@ -87,6 +87,8 @@ pub struct SinkShape {
     pub mode: OutputMode,
     /// The plan's watermark nodes.
     pub watermarks: Vec<WatermarkNode>,
+    /// The output column that tells when a row is final, if there is one.
+    pub output_time: Option<RowTime>,
     /// The streaming plan as EXPLAIN shows it.
     pub plan_text: String,
 }
@@ -100,6 +102,22 @@ impl SinkShape {
                 keys: a.output_keys.clone().unwrap_or_default(),
             },
             _ => WriteMode::Append,
+        }
+    }
+
+    /// What the query writes, as its sink or view opens for it.
+    pub fn output(&self) -> QueryOutput {
+        let mode = self.write_mode();
+        let keys = match &mode {
+            WriteMode::Merge { keys } => Some(keys.clone()),
+            WriteMode::Overwrite => None,
+            WriteMode::Append => self.aggregate.as_ref().and_then(|a| a.output_keys.clone()),
+        };
+        QueryOutput {
+            schema: self.schema.clone(),
+            mode,
+            keys,
+            time: self.output_time.clone(),
         }
     }
 }
@@ -225,6 +243,7 @@ fn shape_of(query: &str, plan: &StreamingPlan) -> Result<SinkShape> {
         operators: plan.operators.iter().map(|o| o.info.clone()).collect(),
         mode: plan.mode,
         watermarks: plan.watermarks.clone(),
+        output_time: plan.output_time.clone(),
         plan_text: plan.display(),
     })
 }
@@ -564,13 +583,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
     )?;
     let sink = def
         .connector()?
-        .open(
-            &def.name,
-            &def.path,
-            &shape.schema,
-            &def.options,
-            &shape.write_mode(),
-        )
+        .open(&def.name, &def.path, &shape.output(), &def.options)
         .await?;
     let mut sources = Vec::with_capacity(plan.sources.len());
     for i in 0..plan.sources.len() {
@@ -869,9 +882,13 @@ impl Runner {
             // lose nothing either way.
             crate::testing::crash_point("before_sink_commit");
             crate::testing::fail_point(&format!("sink_write:{}", self.def.name))?;
-            self.sink
-                .add_batch(&query_id, b.id, out, &self.write_mode)
-                .await
+            let batch = BatchInfo {
+                query_id: &query_id,
+                id: b.id,
+                watermark_ms: b.watermark_ms,
+                mode: &self.write_mode,
+            };
+            self.sink.add_batch(&batch, out).await
         };
         let (state_commit, sink_commit) = tokio::join!(
             async {

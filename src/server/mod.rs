@@ -38,6 +38,7 @@ use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::PgWireBackendMessage;
 use pgwire::messages::data::{NoData, ParameterDescription};
 use pgwire::messages::extendedquery::{Describe, TARGET_TYPE_BYTE_STATEMENT};
+use pgwire::messages::response::TransactionStatus;
 use tokio::net::TcpListener;
 
 mod catalog;
@@ -46,6 +47,7 @@ mod insert;
 
 use crate::engine::{Engine, Output};
 use crate::error::{Error, classify_datafusion, parser_message, strip_datafusion_prefix};
+use crate::sql::parser::SavepointCommand;
 use crate::sql::{Piece, parse_tidemark, split};
 
 /// The string `SELECT version()` returns. Clients parse the leading "PostgreSQL <n>".
@@ -240,8 +242,14 @@ impl TidemarkService {
         format: &Format,
     ) -> PgWireResult<Response> {
         let stmt = parse_tidemark(text).map_err(|e| to_pg_error(&e))?;
-        if let crate::sql::TidemarkStatement::CopyFrom(c) = stmt {
-            return copy::start(&self.engine, client, c);
+        match stmt {
+            crate::sql::TidemarkStatement::CopyFrom(c) => {
+                return copy::start(&self.engine, client, c);
+            }
+            crate::sql::TidemarkStatement::Savepoint(c) => {
+                return savepoint(client.transaction_status(), &c);
+            }
+            _ => {}
         }
         let output = self
             .engine
@@ -290,6 +298,34 @@ impl SimpleQueryHandler for TidemarkService {
             }
         }
         Ok(results)
+    }
+}
+
+/// A savepoint statement in a session in `status`: allowed in a transaction block, as in
+/// Postgres, with nothing to undo. After an error in the block only `ROLLBACK TO` is; it
+/// answers, but pgwire keeps the block failed until `ROLLBACK` (it has no way to return a
+/// block to the in-transaction state).
+fn savepoint(status: TransactionStatus, c: &SavepointCommand) -> PgWireResult<Response> {
+    let error = |code: &str, message: String| {
+        Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+            "ERROR".into(),
+            code.into(),
+            message,
+        ))))
+    };
+    match (status, c) {
+        (TransactionStatus::Idle, _) => error(
+            "25P01",
+            format!("{} can only be used in transaction blocks", c.statement()),
+        ),
+        (TransactionStatus::Error, SavepointCommand::Set(_) | SavepointCommand::Release(_)) => {
+            error(
+                "25P02",
+                "current transaction is aborted, commands ignored until end of transaction block"
+                    .into(),
+            )
+        }
+        _ => Ok(Response::Execution(Tag::new(c.tag()))),
     }
 }
 

@@ -4,9 +4,8 @@
 use async_trait::async_trait;
 use datafusion::arrow::record_batch::RecordBatch;
 
-use super::{Sink, SinkCommit, WriteMode};
+use super::{BatchInfo, Sink, SinkCommit};
 use crate::error::Result;
-use crate::types::BatchId;
 
 pub struct ConsoleSink {
     name: String,
@@ -22,13 +21,8 @@ impl ConsoleSink {
 
 #[async_trait]
 impl Sink for ConsoleSink {
-    async fn add_batch(
-        &self,
-        _query_id: &str,
-        batch: BatchId,
-        rows: Vec<RecordBatch>,
-        _mode: &WriteMode,
-    ) -> Result<SinkCommit> {
+    async fn add_batch(&self, batch: &BatchInfo<'_>, rows: Vec<RecordBatch>) -> Result<SinkCommit> {
+        let batch = batch.id;
         let text = datafusion::arrow::util::pretty::pretty_format_batches(&rows)?;
         tracing::info!(sink = %self.name, batch = batch.get(), "console sink\n{text}");
         Ok(SinkCommit::Committed {

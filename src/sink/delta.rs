@@ -32,9 +32,8 @@ use deltalake::writer::{DeltaWriter, RecordBatchWriter};
 use tokio::sync::Mutex;
 use url::Url;
 
-use super::{Sink, SinkCommit, WriteMode};
+use super::{BatchInfo, Sink, SinkCommit, WriteMode};
 use crate::error::{Error, Result};
-use crate::types::BatchId;
 
 /// A Delta table that a streaming query appends to.
 pub struct DeltaSink {
@@ -213,11 +212,10 @@ impl Sink for DeltaSink {
     /// already holds that batch.
     async fn add_batch(
         &self,
-        app_id: &str,
-        batch_id: BatchId,
+        batch: &BatchInfo<'_>,
         mut batches: Vec<RecordBatch>,
-        mode: &WriteMode,
     ) -> Result<SinkCommit> {
+        let (app_id, batch_id, mode) = (batch.query_id, batch.id, batch.mode);
         let schema = &self.schema;
         let lock = table_lock(&self.path);
         let _write = lock.lock().await;
@@ -793,6 +791,7 @@ impl TableProvider for DeltaReadTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::BatchId;
     use datafusion::arrow::array::{Int64Array, StringArray};
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use datafusion::prelude::SessionContext;
@@ -838,9 +837,12 @@ mod tests {
             let batch = batch(&schema, ids, pages);
             let sink = &sink;
             async move {
-                sink.add_batch("q", BatchId(b), vec![batch], &WriteMode::Append)
-                    .await
-                    .unwrap()
+                sink.add_batch(
+                    &BatchInfo::new("q", BatchId(b), &WriteMode::Append),
+                    vec![batch],
+                )
+                .await
+                .unwrap()
             }
         };
         write(0, &[1, 2], &["/a", "/b"]).await;
@@ -891,9 +893,12 @@ mod tests {
         let sink = DeltaSink::new(dir.path(), schema.clone(), 0).unwrap();
         sink.ensure_table("t", &schema).await.unwrap();
         let rows_in = batch(&schema, &[1, 2, 3], &["/a", "/b", "/c"]);
-        sink.add_batch("q", BatchId(0), vec![rows_in], &WriteMode::Append)
-            .await
-            .unwrap();
+        sink.add_batch(
+            &BatchInfo::new("q", BatchId(0), &WriteMode::Append),
+            vec![rows_in],
+        )
+        .await
+        .unwrap();
         let mut read = DeltaReadTable::try_new(dir.path()).await.unwrap();
         read.budget = 1;
         let read = Arc::new(read);

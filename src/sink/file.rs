@@ -21,12 +21,11 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::parquet::arrow::ArrowWriter;
 
-use super::{Sink, SinkCommit, WriteMode};
+use super::{BatchInfo, Sink, SinkCommit};
 use crate::error::{Error, Result};
 use crate::format::manifest::{self, SinkFileStatus};
 use crate::format::{FileDecoder, FileFormat, FilesTable, ParseMode};
 use crate::fsutil::{create_dir_all, sync_dir};
-use crate::types::BatchId;
 
 /// The file format of a file sink.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,11 +156,10 @@ impl Sink for FileSink {
     /// manifest already has the batch.
     async fn add_batch(
         &self,
-        _query_id: &str,
-        batch_id: BatchId,
+        batch: &BatchInfo<'_>,
         batches: Vec<RecordBatch>,
-        _mode: &WriteMode,
     ) -> Result<SinkCommit> {
+        let batch_id = batch.id;
         let schema = &self.schema;
         if manifest::last_batch(&self.dir)?.is_some_and(|last| batch_id.get() <= last) {
             return Ok(SinkCommit::AlreadyCommitted);
@@ -215,6 +213,8 @@ mod tests {
 
     use super::*;
     use crate::format::manifest::{COMPACT_SUFFIX, MANIFEST_DIR};
+    use crate::sink::WriteMode;
+    use crate::types::BatchId;
 
     fn batch(schema: &SchemaRef, v: i64) -> RecordBatch {
         RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![v]))]).unwrap()
@@ -234,7 +234,7 @@ mod tests {
                 vec![batch(&schema, id as i64)]
             };
             let c = sink
-                .add_batch("q", BatchId(id), rows, &WriteMode::Append)
+                .add_batch(&BatchInfo::new("q", BatchId(id), &WriteMode::Append), rows)
                 .await
                 .unwrap();
             assert!(matches!(c, SinkCommit::Committed { .. }), "batch {id}");
@@ -267,10 +267,8 @@ mod tests {
         for id in [5, 19, 24] {
             let c = sink
                 .add_batch(
-                    "q",
-                    BatchId(id),
+                    &BatchInfo::new("q", BatchId(id), &WriteMode::Append),
                     vec![batch(&schema, 99)],
-                    &WriteMode::Append,
                 )
                 .await
                 .unwrap();

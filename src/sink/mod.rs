@@ -130,6 +130,13 @@ pub const VIEW_OPTIONS: OptionTable = OptionTable {
         STATE_STORE,
         MAX_FILES_PER_TRIGGER,
         MAX_ROWS_PER_TRIGGER,
+        OptionSpec::new(
+            "retention",
+            OptionType::Duration,
+            None,
+            "Removes a row once its window ended (or, without aggregation, its event time \
+             passed) this long before the watermark; fixed once the view exists",
+        ),
     ],
 };
 
@@ -168,6 +175,75 @@ impl WriteMode {
     }
 }
 
+/// Where a row of a query's output says when it is final (used by a view's `retention`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RowTime {
+    /// A window's end: the `field` of the struct column `column` (the `window` itself), or
+    /// the column (`window.end`), plus `plus_us` (a window's size, when only `window.start`
+    /// is selected). A row is final once the watermark reaches it.
+    WindowEnd {
+        column: String,
+        field: Option<String>,
+        plus_us: i64,
+    },
+    /// The watermarked column itself: a row is final once the watermark passes it.
+    EventTime { column: String },
+}
+
+impl RowTime {
+    pub fn column(&self) -> &str {
+        match self {
+            RowTime::WindowEnd { column, .. } | RowTime::EventTime { column } => column,
+        }
+    }
+}
+
+/// What a query writes, as a sink opens for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueryOutput {
+    pub schema: SchemaRef,
+    pub mode: WriteMode,
+    /// The columns that identify a row (the group key, when every key is selected), if the
+    /// query aggregates.
+    pub keys: Option<Vec<String>>,
+    /// The column that tells when a row is final, if there is one.
+    pub time: Option<RowTime>,
+}
+
+impl QueryOutput {
+    /// Rows with no key and no time, added as they come.
+    pub fn append(schema: SchemaRef) -> QueryOutput {
+        QueryOutput {
+            schema,
+            mode: WriteMode::Append,
+            keys: None,
+            time: None,
+        }
+    }
+}
+
+/// The micro-batch [`Sink::add_batch`] writes.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchInfo<'a> {
+    pub query_id: &'a str,
+    pub id: BatchId,
+    /// The watermark the batch ran with (ms).
+    pub watermark_ms: i64,
+    pub mode: &'a WriteMode,
+}
+
+impl<'a> BatchInfo<'a> {
+    /// Batch `id` of `query_id`, at watermark 0.
+    pub fn new(query_id: &'a str, id: BatchId, mode: &'a WriteMode) -> BatchInfo<'a> {
+        BatchInfo {
+            query_id,
+            id,
+            watermark_ms: 0,
+            mode,
+        }
+    }
+}
+
 /// What [`Sink::add_batch`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SinkCommit {
@@ -180,16 +256,10 @@ pub enum SinkCommit {
 /// The micro-batch sink contract (Spark's `Sink.addBatch`).
 #[async_trait]
 pub trait Sink: Send + Sync {
-    /// Writes batch `batch` of query `query_id`, unless the sink already holds it. The rows
-    /// have the sink's schema. Must be atomic: after a crash the sink holds the batch wholly
+    /// Writes batch `batch.id` of query `batch.query_id`, unless the sink already holds it.
+    /// The rows have the sink's schema. Must be atomic: after a crash the sink holds the batch wholly
     /// or not at all.
-    async fn add_batch(
-        &self,
-        query_id: &str,
-        batch: BatchId,
-        rows: Vec<RecordBatch>,
-        mode: &WriteMode,
-    ) -> Result<SinkCommit>;
+    async fn add_batch(&self, batch: &BatchInfo<'_>, rows: Vec<RecordBatch>) -> Result<SinkCommit>;
 
     /// For progress reports and `EXPLAIN`: `DeltaSink[/path]`.
     fn describe(&self) -> String;
@@ -257,16 +327,16 @@ impl SinkConnector {
         }
     }
 
-    /// Opens the sink a query writes to; `options` are the sink's, as written, `mode` how
-    /// its batches are written.
+    /// Opens the sink a query writes to; `options` are the sink's, as written, `output`
+    /// what the query writes.
     pub async fn open(
         self,
         name: &str,
         path: &Path,
-        schema: &SchemaRef,
+        output: &QueryOutput,
         options: &Options,
-        mode: &WriteMode,
     ) -> Result<Box<dyn Sink>> {
+        let schema = &output.schema;
         Ok(match self {
             SinkConnector::Delta => {
                 let auto_compact = options
@@ -279,7 +349,9 @@ impl SinkConnector {
             SinkConnector::File(f) => Box::new(file::FileSink::new(path, f, schema.clone())?),
             SinkConnector::Console => Box::new(console::ConsoleSink::new(name)),
             SinkConnector::Noop => Box::new(noop::NoopSink),
-            SinkConnector::View => Box::new(view::ViewSink::new(view::open(path, schema, mode)?)),
+            SinkConnector::View => {
+                Box::new(view::ViewSink::new(view::open(path, output, options)?))
+            }
         })
     }
 

@@ -5,9 +5,8 @@
 use async_trait::async_trait;
 use datafusion::arrow::record_batch::RecordBatch;
 
-use super::{Sink, SinkCommit, WriteMode};
+use super::{BatchInfo, Sink, SinkCommit};
 use crate::error::Result;
-use crate::types::BatchId;
 
 pub struct NoopSink;
 
@@ -15,13 +14,11 @@ pub struct NoopSink;
 impl Sink for NoopSink {
     async fn add_batch(
         &self,
-        _query_id: &str,
-        batch: BatchId,
+        batch: &BatchInfo<'_>,
         _rows: Vec<RecordBatch>,
-        _mode: &WriteMode,
     ) -> Result<SinkCommit> {
         Ok(SinkCommit::Committed {
-            version: batch.get() as i64,
+            version: batch.id.get() as i64,
         })
     }
 

@@ -2,32 +2,39 @@
 //! memory, indexed by its group key, durable through a log of its batches, and read as a
 //! table as of one committed batch.
 //!
-//! What a batch does to the view follows the query's [`WriteMode`]: append adds the
-//! batch's rows, overwrite (complete mode) replaces them, merge (update mode) upserts each
-//! row by the query's group key, so that the view holds the latest row of every group,
-//! including the groups whose operator state the watermark has evicted.
+//! What a batch does to the view follows what the query writes ([`QueryOutput`]): a query
+//! that selects its whole group key is kept *keyed*, one row per key, each batch's rows
+//! upserted by key (update mode: the latest row of every group, including the groups whose
+//! operator state the watermark has evicted; append mode: each group once, when final).
+//! Complete mode replaces the rows every batch; a query without aggregation appends them.
+//! With a [`Retention`], a batch then removes the rows that were final long enough before
+//! its watermark.
 //!
 //! Durability: a batch's rows are first written whole to `<dir>/log/<batch>.arrow` (Arrow
-//! IPC, atomically): that file is the batch's commit, so a batch replayed after a crash
-//! finds it and changes nothing. Every [`SNAPSHOT_EVERY`] batches the contents are written
-//! to `<dir>/snapshot/<batch>.arrow` and the log files it covers are removed; opening a
-//! view reads its newest snapshot and applies the log files after it, never the streams'
-//! raw rows.
+//! IPC, atomically, with the batch's watermark in its metadata): that file is the batch's
+//! commit, so a batch replayed after a crash finds it and changes nothing. Every
+//! [`SNAPSHOT_EVERY`] batches the contents are written to `<dir>/snapshot/<batch>.arrow`
+//! and the log files it covers are removed; opening a view reads its newest snapshot and
+//! applies the log files after it, never the streams' raw rows.
 //!
 //! Reads: the contents are persistent maps and vectors (`imbl`), so a batch builds the next
 //! [`Snapshot`] sharing all but what it changed, and swaps it in. A reader takes the
 //! current snapshot (an `Arc` clone under a lock held for nothing else): it sees one
-//! committed batch, never blocks the writer and is never blocked by it.
+//! committed batch, never blocks the writer and is never blocked by it. A keyed view's map
+//! is ordered by its key in Arrow's row format, time columns first: a filter that fixes the
+//! whole key is answered by lookups, one that bounds the first key column (a window's
+//! start) by a range of the map.
 
 use std::collections::HashMap;
 use std::fmt;
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Mutex, OnceLock, RwLock};
 
 use async_trait::async_trait;
-use datafusion::arrow::array::{ArrayRef, RecordBatch};
-use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch};
+use datafusion::arrow::compute::{cast, filter_record_batch};
+use datafusion::arrow::datatypes::{DataType, Int64Type, SchemaRef, TimeUnit};
 use datafusion::arrow::ipc::reader::FileReader;
 use datafusion::arrow::ipc::writer::FileWriter;
 use datafusion::arrow::row::{RowConverter, SortField};
@@ -38,9 +45,10 @@ use datafusion::logical_expr::{Expr, Operator, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::scalar::ScalarValue;
 
-use super::{Sink, SinkCommit, WriteMode};
+use super::{BatchInfo, QueryOutput, RowTime, Sink, SinkCommit, WriteMode};
 use crate::error::{Error, Result};
 use crate::fsutil;
+use crate::sql::options::{Options, parse_duration};
 use crate::types::BatchId;
 
 /// How many batches the log holds before the contents are written as a snapshot.
@@ -49,22 +57,26 @@ pub const SNAPSHOT_EVERY: u64 = 100;
 /// Rows per Arrow batch when a keyed view is scanned.
 const SCAN_BATCH_ROWS: usize = 8192;
 
+/// The log files' metadata key for the batch's watermark (ms).
+const WATERMARK_KEY: &str = "tidemark.watermark_ms";
+
 /// The open views of this process, by directory: the query that writes a view and the
 /// table that reads it share one store.
 static STORES: LazyLock<Mutex<HashMap<PathBuf, Arc<ViewStore>>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
-/// Opens the view kept in `dir` (loading it on first use in this process), with the rows
-/// of `schema` written by `mode`.
-pub fn open(dir: &Path, schema: &SchemaRef, mode: &WriteMode) -> Result<Arc<ViewStore>> {
+/// Opens the view kept in `dir` (loading it on first use in this process) for the rows
+/// `output` describes; `options` are the view's (its `retention`).
+pub fn open(dir: &Path, output: &QueryOutput, options: &Options) -> Result<Arc<ViewStore>> {
+    let retention = Retention::from_options(options, output)?;
     let mut stores = STORES.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(s) = stores.get(dir)
-        && s.schema == *schema
-        && s.mode == *mode
+        && s.output == *output
+        && s.retention == retention
     {
         return Ok(s.clone());
     }
-    let store = Arc::new(ViewStore::load(dir, schema.clone(), mode.clone())?);
+    let store = Arc::new(ViewStore::load(dir, output.clone(), retention)?);
     stores.insert(dir.to_path_buf(), store.clone());
     Ok(store)
 }
@@ -73,6 +85,97 @@ pub fn open(dir: &Path, schema: &SchemaRef, mode: &WriteMode) -> Result<Arc<View
 /// snapshots keep it.
 pub fn forget(dir: &Path) {
     STORES.lock().unwrap_or_else(|e| e.into_inner()).remove(dir);
+}
+
+/// A view's `retention`: a batch removes the rows that were final `keep_us` before its
+/// watermark. A window is final once the watermark reaches its end, so a windowed row goes
+/// when `end + keep <= watermark`; a row without aggregation once the watermark passes its
+/// event time, so it goes when `event_time + keep < watermark` (it would be late by
+/// `keep`). Before the first watermark nothing is removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retention {
+    pub time: RowTime,
+    pub keep_us: i64,
+}
+
+impl Retention {
+    /// The view's `retention` option, checked against what its query writes.
+    pub fn from_options(options: &Options, output: &QueryOutput) -> Result<Option<Retention>> {
+        let Some(text) = options.get("retention") else {
+            return Ok(None);
+        };
+        let keep = parse_duration(text)?;
+        if output.mode == WriteMode::Overwrite {
+            return Err(Error::invalid_option(
+                "retention does not apply to a view in complete mode: each batch replaces the \
+                 whole view",
+            ));
+        }
+        let time = output.time.clone().ok_or_else(|| Error::InvalidOption {
+            message: "retention needs a column that says when a row is final, and the view's \
+                      query has none"
+                .into(),
+            hint: Some(
+                "Select the window (window, window.start or window.end) of a windowed \
+                 aggregation or, without aggregation, the watermarked column."
+                    .into(),
+            ),
+        })?;
+        Ok(Some(Retention {
+            time,
+            keep_us: i64::try_from(keep.as_micros()).unwrap_or(i64::MAX),
+        }))
+    }
+
+    /// Rows whose time is below this go at `watermark_ms`; `None` before a watermark.
+    fn cutoff_us(&self, watermark_ms: i64) -> Option<i64> {
+        if watermark_ms <= 0 {
+            return None;
+        }
+        let bound = watermark_ms
+            .saturating_mul(1000)
+            .saturating_sub(self.keep_us);
+        Some(match self.time {
+            RowTime::WindowEnd { .. } => bound.saturating_add(1),
+            RowTime::EventTime { .. } => bound,
+        })
+    }
+
+    /// Each row's time in µs (a window's end), null where the row has none.
+    fn times(&self, batch: &RecordBatch) -> Result<Vec<Option<i64>>> {
+        let (column, field, plus) = match &self.time {
+            RowTime::WindowEnd {
+                column,
+                field,
+                plus_us,
+            } => (column, field.as_deref(), *plus_us),
+            RowTime::EventTime { column } => (column, None, 0),
+        };
+        let missing = || Error::Internal(format!("view retention column {column} is missing"));
+        let mut array = batch.column_by_name(column).ok_or_else(missing)?.clone();
+        if let Some(f) = field {
+            array = array
+                .as_struct_opt()
+                .and_then(|s| s.column_by_name(f))
+                .ok_or_else(missing)?
+                .clone();
+        }
+        let tz = match array.data_type() {
+            DataType::Timestamp(_, tz) => tz.clone(),
+            other => {
+                return Err(Error::Internal(format!(
+                    "view retention column {column} is {other}, not a timestamp"
+                )));
+            }
+        };
+        let us = cast(&array, &DataType::Timestamp(TimeUnit::Microsecond, tz))?;
+        let us = cast(&us, &DataType::Int64)?;
+        Ok(us
+            .as_primitive::<Int64Type>()
+            .iter()
+            .map(|t| t.map(|t| t.saturating_add(plus)))
+            .collect())
+    }
 }
 
 /// A view's rows at one committed batch.
@@ -87,18 +190,30 @@ pub struct Snapshot {
 
 #[derive(Clone)]
 enum Contents {
-    /// Append and overwrite: the rows as the batches wrote them.
-    Rows(imbl::Vector<RecordBatch>),
-    /// Merge: each group's latest row (the whole row, in Arrow's row format) by its key.
-    Keyed(imbl::OrdMap<RowBytes, RowBytes>),
+    /// Rows as the batches wrote them (complete mode, and queries without aggregation).
+    Rows(imbl::Vector<Chunk>),
+    /// Each group's latest row (the whole row, in Arrow's row format) by its key; with a
+    /// retention, the keys by row time too.
+    Keyed {
+        rows: imbl::OrdMap<RowBytes, RowBytes>,
+        by_time: imbl::OrdSet<(i64, RowBytes)>,
+    },
+}
+
+/// Rows of one batch.
+#[derive(Clone)]
+struct Chunk {
+    rows: RecordBatch,
+    /// The oldest row time, with a retention.
+    oldest: Option<i64>,
 }
 
 impl Snapshot {
     /// How many rows the view holds.
     pub fn num_rows(&self) -> usize {
         match &self.contents {
-            Contents::Rows(v) => v.iter().map(RecordBatch::num_rows).sum(),
-            Contents::Keyed(m) => m.len(),
+            Contents::Rows(v) => v.iter().map(|c| c.rows.num_rows()).sum(),
+            Contents::Keyed { rows, .. } => rows.len(),
         }
     }
 }
@@ -108,16 +223,18 @@ type RowBytes = Arc<[u8]>;
 
 /// The rows of a keyed view in and out of Arrow's row format.
 struct KeyCodec {
-    /// The key columns, by index in the view's schema; empty for a global aggregate (one
-    /// row).
+    /// The key columns, by index in the view's schema, timestamps first; empty for a
+    /// global aggregate (one row).
     key_columns: Vec<usize>,
     keys: Option<RowConverter>,
+    /// The first key column alone: its encoding is a prefix of every key.
+    first: Option<RowConverter>,
     rows: RowConverter,
 }
 
 impl KeyCodec {
     fn new(schema: &SchemaRef, key_names: &[String]) -> Result<KeyCodec> {
-        let key_columns = key_names
+        let mut key_columns = key_names
             .iter()
             .map(|k| {
                 schema.index_of(k).map_err(|_| {
@@ -125,18 +242,24 @@ impl KeyCodec {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        // Time first, so that a range of windows is a range of keys.
+        key_columns
+            .sort_by_key(|&i| !matches!(schema.field(i).data_type(), DataType::Timestamp(..)));
         let field = |i: usize| SortField::new(schema.field(i).data_type().clone());
-        let keys = if key_columns.is_empty() {
-            None
-        } else {
-            Some(RowConverter::new(
-                key_columns.iter().map(|&i| field(i)).collect(),
-            )?)
+        let (keys, first) = match key_columns.first() {
+            None => (None, None),
+            Some(&f) => (
+                Some(RowConverter::new(
+                    key_columns.iter().map(|&i| field(i)).collect(),
+                )?),
+                Some(RowConverter::new(vec![field(f)])?),
+            ),
         };
         let rows = RowConverter::new((0..schema.fields().len()).map(field).collect())?;
         Ok(KeyCodec {
             key_columns,
             keys,
+            first,
             rows,
         })
     }
@@ -166,12 +289,15 @@ impl KeyCodec {
             .collect())
     }
 
-    /// The key of one row given by its key columns' values, if they convert to the key's
-    /// types.
-    fn key_of(&self, schema: &SchemaRef, values: &[ScalarValue]) -> Option<Arc<[u8]>> {
-        let conv = self.keys.as_ref()?;
-        let cols = self
-            .key_columns
+    /// `values` (one per column, in `columns` order) in `conv`'s row format, if they
+    /// convert to the columns' types.
+    fn encode_values(
+        conv: &RowConverter,
+        schema: &SchemaRef,
+        columns: &[usize],
+        values: &[&ScalarValue],
+    ) -> Option<Vec<u8>> {
+        let cols = columns
             .iter()
             .zip(values)
             .map(|(&i, v)| {
@@ -180,7 +306,27 @@ impl KeyCodec {
             })
             .collect::<Option<Vec<ArrayRef>>>()?;
         let rows = conv.convert_columns(&cols).ok()?;
-        Some(Arc::from(rows.row(0).as_ref()))
+        Some(rows.row(0).as_ref().to_vec())
+    }
+
+    /// The key of one row given by its key columns' values (by name).
+    fn key_of(&self, schema: &SchemaRef, key: &HashMap<&str, ScalarValue>) -> Option<Vec<u8>> {
+        let values = self
+            .key_columns
+            .iter()
+            .map(|&i| key.get(schema.field(i).name().as_str()))
+            .collect::<Option<Vec<_>>>()?;
+        Self::encode_values(self.keys.as_ref()?, schema, &self.key_columns, &values)
+    }
+
+    /// One value of the first key column, as the prefix of the keys that have it.
+    fn first_prefix(&self, schema: &SchemaRef, value: &ScalarValue) -> Option<Vec<u8>> {
+        Self::encode_values(
+            self.first.as_ref()?,
+            schema,
+            &self.key_columns[..1],
+            &[value],
+        )
     }
 
     /// Whole rows back into Arrow batches.
@@ -213,11 +359,20 @@ impl KeyCodec {
     }
 }
 
+/// The smallest byte string above every string that starts with `prefix`; `None` when
+/// there is none (all bytes 0xFF).
+fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
+    let last = prefix.iter().rposition(|&b| b < 0xFF)?;
+    let mut out = prefix[..=last].to_vec();
+    out[last] += 1;
+    Some(out)
+}
+
 /// One materialized view: its current snapshot and its log.
 pub struct ViewStore {
     dir: PathBuf,
-    schema: SchemaRef,
-    mode: WriteMode,
+    output: QueryOutput,
+    retention: Option<Retention>,
     codec: Option<KeyCodec>,
     current: RwLock<Arc<Snapshot>>,
     /// One batch at a time; holds the batches logged since the last snapshot.
@@ -228,7 +383,7 @@ impl fmt::Debug for ViewStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ViewStore")
             .field("dir", &self.dir)
-            .field("mode", &self.mode)
+            .field("mode", &self.output.mode)
             .finish()
     }
 }
@@ -245,17 +400,33 @@ fn numbered_file(dir: &Path, n: u64) -> PathBuf {
     dir.join(format!("{n:020}.arrow"))
 }
 
+/// Removes the hidden temporary files a crash left in `dir` before their rename.
+fn remove_temp_files(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') && name.ends_with(".tmp") {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 impl ViewStore {
     /// Reads the newest snapshot and applies the log after it.
-    fn load(dir: &Path, schema: SchemaRef, mode: WriteMode) -> Result<ViewStore> {
-        let codec = match &mode {
-            WriteMode::Merge { keys } => Some(KeyCodec::new(&schema, keys)?),
+    fn load(dir: &Path, output: QueryOutput, retention: Option<Retention>) -> Result<ViewStore> {
+        let codec = match (&output.keys, &output.mode) {
+            (Some(keys), WriteMode::Merge { .. } | WriteMode::Append) => {
+                Some(KeyCodec::new(&output.schema, keys)?)
+            }
             _ => None,
         };
         let store = ViewStore {
             dir: dir.to_path_buf(),
-            schema,
-            mode,
+            output,
+            retention,
             codec,
             current: RwLock::new(Arc::new(Snapshot {
                 batch: None,
@@ -264,19 +435,21 @@ impl ViewStore {
             })),
             writer: tokio::sync::Mutex::new(0),
         };
+        remove_temp_files(&log_dir(dir));
+        remove_temp_files(&snapshot_dir(dir));
         let mut snap = store.empty();
         let snapshot = fsutil::numbered(&snapshot_dir(dir), ".arrow")?.pop();
         if let Some(n) = snapshot {
-            let rows = store.read_rows(&numbered_file(&snapshot_dir(dir), n))?;
-            snap = store.apply(&snap, BatchId(n), rows)?;
+            let (rows, wm) = store.read_rows(&numbered_file(&snapshot_dir(dir), n))?;
+            snap = store.apply(&snap, BatchId(n), rows, wm)?;
         }
         let mut logged = 0;
         for n in fsutil::numbered(&log_dir(dir), ".arrow")? {
             if snapshot.is_some_and(|s| n <= s) {
                 continue;
             }
-            let rows = store.read_rows(&numbered_file(&log_dir(dir), n))?;
-            snap = store.apply(&snap, BatchId(n), rows)?;
+            let (rows, wm) = store.read_rows(&numbered_file(&log_dir(dir), n))?;
+            snap = store.apply(&snap, BatchId(n), rows, wm)?;
             logged += 1;
         }
         *store.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(snap);
@@ -288,7 +461,10 @@ impl ViewStore {
         Snapshot {
             batch: None,
             contents: match self.codec {
-                Some(_) => Contents::Keyed(imbl::OrdMap::new()),
+                Some(_) => Contents::Keyed {
+                    rows: imbl::OrdMap::new(),
+                    by_time: imbl::OrdSet::new(),
+                },
                 None => Contents::Rows(imbl::Vector::new()),
             },
             scanned: Arc::default(),
@@ -296,7 +472,7 @@ impl ViewStore {
     }
 
     pub fn schema(&self) -> &SchemaRef {
-        &self.schema
+        &self.output.schema
     }
 
     /// The view as of its last committed batch.
@@ -307,27 +483,67 @@ impl ViewStore {
             .clone()
     }
 
-    /// `base` with batch `batch`'s rows applied.
-    fn apply(&self, base: &Snapshot, batch: BatchId, rows: Vec<RecordBatch>) -> Result<Snapshot> {
+    /// `base` with batch `batch`'s rows applied, then the retention at `watermark_ms`.
+    fn apply(
+        &self,
+        base: &Snapshot,
+        batch: BatchId,
+        rows: Vec<RecordBatch>,
+        watermark_ms: i64,
+    ) -> Result<Snapshot> {
         let rows = rows.into_iter().filter(|b| b.num_rows() > 0);
+        let cutoff = self
+            .retention
+            .as_ref()
+            .and_then(|r| r.cutoff_us(watermark_ms));
         let contents = match (&base.contents, &self.codec) {
-            (Contents::Keyed(map), Some(codec)) => {
-                let mut map = map.clone();
+            (Contents::Keyed { rows: map, by_time }, Some(codec)) => {
+                let (mut map, mut by_time) = (map.clone(), by_time.clone());
                 for b in rows {
-                    for (k, v) in codec.encode(&b)? {
-                        map.insert(k, v);
+                    let times = match &self.retention {
+                        Some(r) => r.times(&b)?,
+                        None => Vec::new(),
+                    };
+                    for (i, (k, v)) in codec.encode(&b)?.into_iter().enumerate() {
+                        // A row's time is a function of its key (the window is a key).
+                        let new = map.insert(k.clone(), v).is_none();
+                        if new && let Some(Some(t)) = times.get(i) {
+                            by_time.insert((*t, k));
+                        }
                     }
                 }
-                Contents::Keyed(map)
-            }
-            (Contents::Rows(v), None) => Contents::Rows(match self.mode {
-                WriteMode::Overwrite => rows.collect(),
-                _ => {
-                    let mut v = v.clone();
-                    v.extend(rows);
-                    v
+                if let Some(cutoff) = cutoff {
+                    while let Some(oldest) = by_time.get_min()
+                        && oldest.0 < cutoff
+                    {
+                        let oldest = oldest.clone();
+                        by_time.remove(&oldest);
+                        map.remove(&oldest.1);
+                    }
                 }
-            }),
+                Contents::Keyed { rows: map, by_time }
+            }
+            (Contents::Rows(v), None) => {
+                let mut v = match self.output.mode {
+                    WriteMode::Overwrite => imbl::Vector::new(),
+                    _ => v.clone(),
+                };
+                for b in rows {
+                    let oldest = match &self.retention {
+                        Some(r) => r.times(&b)?.into_iter().flatten().min(),
+                        None => None,
+                    };
+                    v.push_back(Chunk { rows: b, oldest });
+                }
+                match (cutoff, &self.retention) {
+                    (Some(cutoff), Some(r))
+                        if v.iter().any(|c| c.oldest.is_some_and(|t| t < cutoff)) =>
+                    {
+                        Contents::Rows(Self::retain(v, r, cutoff)?)
+                    }
+                    _ => Contents::Rows(v),
+                }
+            }
             _ => {
                 return Err(Error::Internal(
                     "a view's contents do not fit its mode".into(),
@@ -341,35 +557,66 @@ impl ViewStore {
         })
     }
 
-    fn read_rows(&self, file: &Path) -> Result<Vec<RecordBatch>> {
+    /// The chunks without their rows older than `cutoff`.
+    fn retain(v: imbl::Vector<Chunk>, r: &Retention, cutoff: i64) -> Result<imbl::Vector<Chunk>> {
+        let mut out = imbl::Vector::new();
+        for c in v {
+            if c.oldest.is_none_or(|t| t >= cutoff) {
+                out.push_back(c);
+                continue;
+            }
+            let times = r.times(&c.rows)?;
+            let keep: BooleanArray = times
+                .iter()
+                .map(|t| Some(t.is_none_or(|t| t >= cutoff)))
+                .collect();
+            let rows = filter_record_batch(&c.rows, &keep)?;
+            if rows.num_rows() > 0 {
+                let oldest = times.into_iter().flatten().filter(|&t| t >= cutoff).min();
+                out.push_back(Chunk { rows, oldest });
+            }
+        }
+        Ok(out)
+    }
+
+    /// A log or snapshot file's rows and the watermark it was written at.
+    fn read_rows(&self, file: &Path) -> Result<(Vec<RecordBatch>, i64)> {
         let f = std::fs::File::open(file)
             .map_err(|e| Error::io(format!("opening {}", file.display()), e))?;
         let corrupt = |e: datafusion::arrow::error::ArrowError| {
             Error::Internal(format!("{}: {e}", file.display()))
         };
         let reader = FileReader::try_new(std::io::BufReader::new(f), None).map_err(corrupt)?;
+        let watermark_ms = reader
+            .custom_metadata()
+            .get(WATERMARK_KEY)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
         let mut out = Vec::new();
         for b in reader {
             let b = b.map_err(corrupt)?;
             out.push(RecordBatch::try_new(
-                self.schema.clone(),
+                self.output.schema.clone(),
                 b.columns().to_vec(),
             )?);
         }
-        Ok(out)
+        Ok((out, watermark_ms))
     }
 
-    /// Writes `rows` to `file` atomically; `point` names the crash point before the rename.
+    /// Writes `rows` to `file` atomically, with the watermark they were written at;
+    /// `point` names the crash point before the rename.
     fn write_rows(
         file: &Path,
         schema: &SchemaRef,
         rows: &[RecordBatch],
+        watermark_ms: i64,
         point: &'static str,
     ) -> Result<()> {
         fsutil::write_atomic_with(
             file,
             |out| {
                 let mut w = FileWriter::try_new(out, schema)?;
+                w.write_metadata(WATERMARK_KEY, watermark_ms.to_string());
                 for b in rows {
                     w.write(b)?;
                 }
@@ -380,29 +627,41 @@ impl ViewStore {
         )
     }
 
-    /// Commits batch `batch`: its log file, then the new snapshot. A batch the view
-    /// already holds is skipped.
-    pub async fn commit(&self, batch: BatchId, rows: Vec<RecordBatch>) -> Result<SinkCommit> {
+    /// Commits batch `batch` written at `watermark_ms`: its log file, then the new
+    /// snapshot. A batch the view already holds is skipped.
+    pub async fn commit(
+        &self,
+        batch: BatchId,
+        rows: Vec<RecordBatch>,
+        watermark_ms: i64,
+    ) -> Result<SinkCommit> {
         let mut logged = self.writer.lock().await;
         let base = self.snapshot();
         if base.batch.is_some_and(|b| b >= batch) {
             return Ok(SinkCommit::AlreadyCommitted);
         }
         let dir = self.dir.clone();
-        let schema = self.schema.clone();
+        let schema = self.output.schema.clone();
         let rows = tokio::task::spawn_blocking(move || {
             let file = numbered_file(&log_dir(&dir), batch.get());
-            Self::write_rows(&file, &schema, &rows, "view_log_before_rename").map(|()| rows)
+            Self::write_rows(
+                &file,
+                &schema,
+                &rows,
+                watermark_ms,
+                "view_log_before_rename",
+            )
+            .map(|()| rows)
         })
         .await
         .map_err(|e| Error::Internal(format!("view log writer: {e}")))??;
         crate::testing::crash_point("view_after_log");
-        let next = Arc::new(self.apply(&base, batch, rows)?);
+        let next = Arc::new(self.apply(&base, batch, rows, watermark_ms)?);
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = next.clone();
         *logged += 1;
         // Complete mode's log file holds the whole view: the older ones are garbage.
-        if self.mode == WriteMode::Overwrite || *logged >= SNAPSHOT_EVERY {
-            self.write_snapshot(next).await?;
+        if self.output.mode == WriteMode::Overwrite || *logged >= SNAPSHOT_EVERY {
+            self.write_snapshot(next, watermark_ms).await?;
             *logged = 0;
         }
         Ok(SinkCommit::Committed {
@@ -411,13 +670,13 @@ impl ViewStore {
     }
 
     /// Writes `snap` whole, then removes the log files and snapshots it covers.
-    async fn write_snapshot(&self, snap: Arc<Snapshot>) -> Result<()> {
+    async fn write_snapshot(&self, snap: Arc<Snapshot>, watermark_ms: i64) -> Result<()> {
         let Some(batch) = snap.batch else {
             return Ok(());
         };
         let dir = self.dir.clone();
-        let schema = self.schema.clone();
-        let rows = if self.mode == WriteMode::Overwrite {
+        let schema = self.output.schema.clone();
+        let rows = if self.output.mode == WriteMode::Overwrite {
             None
         } else {
             Some(self.scan_all(&snap)?)
@@ -425,7 +684,13 @@ impl ViewStore {
         tokio::task::spawn_blocking(move || -> Result<()> {
             if let Some(rows) = rows {
                 let file = numbered_file(&snapshot_dir(&dir), batch.get());
-                Self::write_rows(&file, &schema, &rows, "view_snapshot_before_rename")?;
+                Self::write_rows(
+                    &file,
+                    &schema,
+                    &rows,
+                    watermark_ms,
+                    "view_snapshot_before_rename",
+                )?;
                 for n in fsutil::numbered(&snapshot_dir(&dir), ".arrow")? {
                     if n < batch.get() {
                         let _ = std::fs::remove_file(numbered_file(&snapshot_dir(&dir), n));
@@ -449,43 +714,54 @@ impl ViewStore {
             return Ok(rows.clone());
         }
         let rows = match (&snap.contents, &self.codec) {
-            (Contents::Rows(v), _) => v.iter().cloned().collect(),
-            (Contents::Keyed(map), Some(codec)) => codec.decode(&self.schema, map.values())?,
-            (Contents::Keyed(_), None) => Vec::new(),
+            (Contents::Rows(v), _) => v.iter().map(|c| c.rows.clone()).collect(),
+            (Contents::Keyed { rows, .. }, Some(codec)) => {
+                codec.decode(&self.output.schema, rows.values())?
+            }
+            (Contents::Keyed { .. }, None) => Vec::new(),
         };
         Ok(snap.scanned.get_or_init(|| rows).clone())
     }
 
-    /// The rows of `snap` with these keys (each a value per key column); `None` when the
-    /// view is not keyed.
-    fn lookup(
-        &self,
-        snap: &Snapshot,
-        keys: &[Vec<ScalarValue>],
-    ) -> Result<Option<Vec<RecordBatch>>> {
-        let (Contents::Keyed(map), Some(codec)) = (&snap.contents, &self.codec) else {
+    /// The rows of `snap` that `filters` may keep, found through the key: lookups when
+    /// they fix every key column, a range when they bound the first; `None` when they do
+    /// neither or the view is not keyed.
+    fn find(&self, snap: &Snapshot, filters: &[Expr]) -> Result<Option<Vec<RecordBatch>>> {
+        let (Contents::Keyed { rows: map, .. }, Some(codec)) = (&snap.contents, &self.codec) else {
             return Ok(None);
         };
-        let mut found: Vec<&Arc<[u8]>> = Vec::new();
-        for k in keys {
-            if let Some(key) = codec.key_of(&self.schema, k)
-                && let Some(row) = map.get(&key)
-            {
-                found.push(row);
+        let schema = &self.output.schema;
+        let names: Vec<&str> = codec
+            .key_columns
+            .iter()
+            .map(|&i| schema.field(i).name().as_str())
+            .collect();
+        if let Some(keys) = fixed_keys(filters, &names) {
+            let mut found: Vec<&Arc<[u8]>> = Vec::new();
+            for k in &keys {
+                if let Some(key) = codec.key_of(schema, k)
+                    && let Some(row) = map.get(key.as_slice())
+                {
+                    found.push(row);
+                }
             }
+            return codec.decode(schema, found.into_iter()).map(Some);
         }
-        codec.decode(&self.schema, found.into_iter()).map(Some)
-    }
-
-    /// The key columns' names, for a keyed view.
-    fn key_names(&self) -> Vec<String> {
-        match &self.codec {
-            Some(c) => c
-                .key_columns
-                .iter()
-                .map(|&i| self.schema.field(i).name().clone())
-                .collect(),
-            None => Vec::new(),
+        let Some(first) = names.first() else {
+            return Ok(None);
+        };
+        match key_range(filters, first, |v| codec.first_prefix(schema, v)) {
+            None => Ok(None),
+            Some(KeyRange::Empty) => Ok(Some(Vec::new())),
+            Some(KeyRange::Between(lower, upper)) => {
+                let range = (
+                    lower.as_deref().map_or(Bound::Unbounded, Bound::Included),
+                    upper.as_deref().map_or(Bound::Unbounded, Bound::Excluded),
+                );
+                codec
+                    .decode(schema, map.range::<_, [u8]>(range).map(|(_, v)| v))
+                    .map(Some)
+            }
         }
     }
 }
@@ -503,14 +779,8 @@ impl ViewSink {
 
 #[async_trait]
 impl Sink for ViewSink {
-    async fn add_batch(
-        &self,
-        _query_id: &str,
-        batch: BatchId,
-        rows: Vec<RecordBatch>,
-        _mode: &WriteMode,
-    ) -> Result<SinkCommit> {
-        self.store.commit(batch, rows).await
+    async fn add_batch(&self, batch: &BatchInfo<'_>, rows: Vec<RecordBatch>) -> Result<SinkCommit> {
+        self.store.commit(batch.id, rows, batch.watermark_ms).await
     }
 
     fn describe(&self) -> String {
@@ -520,7 +790,8 @@ impl Sink for ViewSink {
 
 /// The read side of a view: a table at the snapshot current when a query scans it. A
 /// filter that fixes every key column (`k = v`, `k IN (...)`, on each key) is answered by
-/// looking the keys up instead of scanning.
+/// looking the keys up, one that bounds the first key column (`=`, `<`, `<=`, `>`, `>=`,
+/// `BETWEEN`) by a range of keys, anything else by a scan.
 #[derive(Debug)]
 pub struct ViewTable {
     store: Arc<ViewStore>,
@@ -546,15 +817,25 @@ impl ViewTable {
     }
 }
 
+/// `column op literal` or `literal op column` as (op with the column on the left, value).
+fn compared(filter: &Expr, column: &str) -> Option<(Operator, ScalarValue)> {
+    let Expr::BinaryExpr(b) = filter else {
+        return None;
+    };
+    match (&*b.left, &*b.right) {
+        (Expr::Column(c), Expr::Literal(v, _)) if c.name == column => Some((b.op, v.clone())),
+        (Expr::Literal(v, _), Expr::Column(c)) if c.name == column => {
+            Some((b.op.swap()?, v.clone()))
+        }
+        _ => None,
+    }
+}
+
 /// The values a filter allows for `column`: `column = v`, `v = column`, `column IN (...)`.
 fn allowed_values(filter: &Expr, column: &str) -> Option<Vec<ScalarValue>> {
     match filter {
-        Expr::BinaryExpr(b) if b.op == Operator::Eq => match (&*b.left, &*b.right) {
-            (Expr::Column(c), Expr::Literal(v, _)) | (Expr::Literal(v, _), Expr::Column(c))
-                if c.name == column =>
-            {
-                Some(vec![v.clone()])
-            }
+        Expr::BinaryExpr(_) => match compared(filter, column)? {
+            (Operator::Eq, v) => Some(vec![v]),
             _ => None,
         },
         Expr::InList(l) if !l.negated => match &*l.expr {
@@ -572,14 +853,17 @@ fn allowed_values(filter: &Expr, column: &str) -> Option<Vec<ScalarValue>> {
     }
 }
 
-/// The keys a conjunction of filters fixes: one list of values per combination, when
-/// every key column is fixed and the combinations are few.
-fn fixed_keys(filters: &[Expr], key_names: &[String]) -> Option<Vec<Vec<ScalarValue>>> {
+/// The keys a conjunction of filters fixes: the values of the key columns, one map per
+/// combination, when every key column is fixed and the combinations are few.
+fn fixed_keys<'a>(
+    filters: &[Expr],
+    key_names: &[&'a str],
+) -> Option<Vec<HashMap<&'a str, ScalarValue>>> {
     if key_names.is_empty() {
         return None;
     }
-    let mut keys: Vec<Vec<ScalarValue>> = vec![Vec::new()];
-    for k in key_names {
+    let mut keys: Vec<HashMap<&str, ScalarValue>> = vec![HashMap::new()];
+    for &k in key_names {
         let values = filters.iter().find_map(|f| allowed_values(f, k))?;
         if values.iter().any(ScalarValue::is_null) {
             return None;
@@ -589,7 +873,7 @@ fn fixed_keys(filters: &[Expr], key_names: &[String]) -> Option<Vec<Vec<ScalarVa
             .flat_map(|prefix| {
                 values.iter().map(move |v| {
                     let mut p = prefix.clone();
-                    p.push(v.clone());
+                    p.insert(k, v.clone());
                     p
                 })
             })
@@ -601,10 +885,82 @@ fn fixed_keys(filters: &[Expr], key_names: &[String]) -> Option<Vec<Vec<ScalarVa
     Some(keys)
 }
 
+/// The keys a conjunction of filters on the first key column allows.
+#[derive(Debug, PartialEq, Eq)]
+enum KeyRange {
+    /// None: the filters contradict each other.
+    Empty,
+    /// From an inclusive lower to an exclusive upper byte string.
+    Between(Option<Vec<u8>>, Option<Vec<u8>>),
+}
+
+/// The range of keys that the filters on `column` (the first key column) allow; `prefix`
+/// encodes one value of the column as the prefix of the keys that have it. `None` when no
+/// filter bounds the column.
+fn key_range(
+    filters: &[Expr],
+    column: &str,
+    prefix: impl Fn(&ScalarValue) -> Option<Vec<u8>>,
+) -> Option<KeyRange> {
+    let mut lowers: Vec<Vec<u8>> = Vec::new();
+    let mut uppers: Vec<Vec<u8>> = Vec::new();
+    let mut bounded = false;
+    for f in filters {
+        let comparisons = match f {
+            Expr::Between(b) if !b.negated => match (&*b.expr, &*b.low, &*b.high) {
+                (Expr::Column(c), Expr::Literal(lo, _), Expr::Literal(hi, _))
+                    if c.name == column =>
+                {
+                    vec![(Operator::GtEq, lo.clone()), (Operator::LtEq, hi.clone())]
+                }
+                _ => continue,
+            },
+            _ => match compared(f, column) {
+                Some(c) => vec![c],
+                None => continue,
+            },
+        };
+        for (op, v) in comparisons {
+            // `column < NULL` holds for no row; leave it to DataFusion.
+            let Some(p) = (!v.is_null()).then(|| prefix(&v)).flatten() else {
+                continue;
+            };
+            // The keys whose first column is `v` are those from `p` up to its successor.
+            let after = prefix_successor(&p);
+            match op {
+                Operator::Eq => {
+                    uppers.extend(after);
+                    lowers.push(p);
+                }
+                Operator::GtEq => lowers.push(p),
+                Operator::Gt => match after {
+                    Some(a) => lowers.push(a),
+                    None => return Some(KeyRange::Empty),
+                },
+                Operator::Lt => uppers.push(p),
+                Operator::LtEq => uppers.extend(after),
+                _ => continue,
+            }
+            bounded = true;
+        }
+    }
+    if !bounded {
+        return None;
+    }
+    let lower = lowers.into_iter().max();
+    let upper = uppers.into_iter().min();
+    if let (Some(l), Some(u)) = (&lower, &upper)
+        && l >= u
+    {
+        return Some(KeyRange::Empty);
+    }
+    Some(KeyRange::Between(lower, upper))
+}
+
 #[async_trait]
 impl TableProvider for ViewTable {
     fn schema(&self) -> SchemaRef {
-        self.store.schema.clone()
+        self.store.output.schema.clone()
     }
 
     fn table_type(&self) -> TableType {
@@ -628,17 +984,13 @@ impl TableProvider for ViewTable {
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
         let snap = self.store.snapshot();
         let to_df = |e: Error| datafusion::error::DataFusionError::External(Box::new(e));
-        let rows = match fixed_keys(filters, &self.store.key_names()) {
-            Some(keys) => self.store.lookup(&snap, &keys).map_err(to_df)?,
-            None => None,
-        };
-        let rows = match rows {
+        let rows = match self.store.find(&snap, filters).map_err(to_df)? {
             Some(rows) => rows,
             None => self.store.scan_all(&snap).map_err(to_df)?,
         };
         Ok(MemorySourceConfig::try_new_exec(
             &[rows],
-            self.store.schema.clone(),
+            self.store.output.schema.clone(),
             projection.cloned(),
         )?)
     }
@@ -648,7 +1000,7 @@ impl TableProvider for ViewTable {
 mod tests {
     use super::*;
     use datafusion::arrow::array::{Int64Array, StringArray};
-    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
     use datafusion::prelude::SessionContext;
 
     fn schema() -> SchemaRef {
@@ -669,9 +1021,21 @@ mod tests {
         .unwrap()
     }
 
-    fn merge() -> WriteMode {
-        WriteMode::Merge {
-            keys: vec!["page".into()],
+    fn merge() -> QueryOutput {
+        QueryOutput {
+            schema: schema(),
+            mode: WriteMode::Merge {
+                keys: vec!["page".into()],
+            },
+            keys: Some(vec!["page".into()]),
+            time: None,
+        }
+    }
+
+    fn output(mode: WriteMode) -> QueryOutput {
+        QueryOutput {
+            mode,
+            ..QueryOutput::append(schema())
         }
     }
 
@@ -702,20 +1066,20 @@ mod tests {
     #[tokio::test]
     async fn merge_keeps_the_latest_row_per_key_and_survives_reopening() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(ViewStore::load(dir.path(), schema(), merge()).unwrap());
+        let store = Arc::new(ViewStore::load(dir.path(), merge(), None).unwrap());
         let c = store
-            .commit(BatchId(0), vec![batch(&[("/a", 1), ("/b", 2)])])
+            .commit(BatchId(0), vec![batch(&[("/a", 1), ("/b", 2)])], 0)
             .await
             .unwrap();
         assert_eq!(c, SinkCommit::Committed { version: 0 });
         let before = store.snapshot();
         store
-            .commit(BatchId(1), vec![batch(&[("/b", 5), ("/c", 1)])])
+            .commit(BatchId(1), vec![batch(&[("/b", 5), ("/c", 1)])], 0)
             .await
             .unwrap();
         // A replayed batch changes nothing.
         let again = store
-            .commit(BatchId(1), vec![batch(&[("/b", 99)])])
+            .commit(BatchId(1), vec![batch(&[("/b", 99)])], 0)
             .await
             .unwrap();
         assert_eq!(again, SinkCommit::AlreadyCommitted);
@@ -747,7 +1111,7 @@ mod tests {
             rows_of(&store, "SELECT * FROM v WHERE views = 1").await,
             pairs(&[("/a", 1), ("/c", 1)])
         );
-        let reopened = Arc::new(ViewStore::load(dir.path(), schema(), merge()).unwrap());
+        let reopened = Arc::new(ViewStore::load(dir.path(), merge(), None).unwrap());
         assert_eq!(reopened.snapshot().batch, Some(BatchId(1)));
         assert_eq!(rows_of(&reopened, "SELECT * FROM v").await, want);
     }
@@ -755,12 +1119,12 @@ mod tests {
     #[tokio::test]
     async fn snapshots_replace_the_log_they_cover() {
         let dir = tempfile::tempdir().unwrap();
-        let store = ViewStore::load(dir.path(), schema(), merge()).unwrap();
+        let store = ViewStore::load(dir.path(), merge(), None).unwrap();
         let mut want = std::collections::BTreeMap::new();
         for b in 0..SNAPSHOT_EVERY + 5 {
             let page = format!("/p{}", b % 7);
             store
-                .commit(BatchId(b), vec![batch(&[(&page, b as i64)])])
+                .commit(BatchId(b), vec![batch(&[(&page, b as i64)])], 0)
                 .await
                 .unwrap();
             want.insert(page, b as i64);
@@ -770,7 +1134,7 @@ mod tests {
         assert_eq!(snaps, vec![SNAPSHOT_EVERY - 1]);
         assert_eq!(logs.first(), Some(&(SNAPSHOT_EVERY - 1)));
         assert_eq!(logs.len(), 6);
-        let reopened = Arc::new(ViewStore::load(dir.path(), schema(), merge()).unwrap());
+        let reopened = Arc::new(ViewStore::load(dir.path(), merge(), None).unwrap());
         let got = rows_of(&reopened, "SELECT * FROM v").await;
         let want: Vec<_> = want.into_iter().collect();
         assert_eq!(got, want);
@@ -779,17 +1143,18 @@ mod tests {
     #[tokio::test]
     async fn append_adds_and_overwrite_replaces() {
         let dir = tempfile::tempdir().unwrap();
-        let append =
-            Arc::new(ViewStore::load(&dir.path().join("a"), schema(), WriteMode::Append).unwrap());
+        let append = Arc::new(
+            ViewStore::load(&dir.path().join("a"), output(WriteMode::Append), None).unwrap(),
+        );
         let complete = Arc::new(
-            ViewStore::load(&dir.path().join("c"), schema(), WriteMode::Overwrite).unwrap(),
+            ViewStore::load(&dir.path().join("c"), output(WriteMode::Overwrite), None).unwrap(),
         );
         for (b, rows) in [&[("/a", 1)][..], &[("/a", 1), ("/b", 2)][..], &[][..]]
             .into_iter()
             .enumerate()
         {
             for s in [&append, &complete] {
-                s.commit(BatchId(b as u64), vec![batch(rows)])
+                s.commit(BatchId(b as u64), vec![batch(rows)], 0)
                     .await
                     .unwrap();
             }
@@ -797,10 +1162,11 @@ mod tests {
         let appended = pairs(&[("/a", 1), ("/a", 1), ("/b", 2)]);
         assert_eq!(rows_of(&append, "SELECT * FROM v").await, appended);
         assert_eq!(rows_of(&complete, "SELECT * FROM v").await, vec![]);
-        let a =
-            Arc::new(ViewStore::load(&dir.path().join("a"), schema(), WriteMode::Append).unwrap());
+        let a = Arc::new(
+            ViewStore::load(&dir.path().join("a"), output(WriteMode::Append), None).unwrap(),
+        );
         let c = Arc::new(
-            ViewStore::load(&dir.path().join("c"), schema(), WriteMode::Overwrite).unwrap(),
+            ViewStore::load(&dir.path().join("c"), output(WriteMode::Overwrite), None).unwrap(),
         );
         assert_eq!(rows_of(&a, "SELECT * FROM v").await, appended);
         assert_eq!(c.snapshot().batch, Some(BatchId(2)));
@@ -810,5 +1176,264 @@ mod tests {
             fsutil::numbered(&log_dir(&dir.path().join("c")), ".arrow").unwrap(),
             vec![2]
         );
+    }
+
+    /// Windows of five minutes by page: `(start minute, page, views)`.
+    fn windows_schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("page", DataType::Utf8, true),
+            Field::new(
+                "window_start",
+                DataType::Timestamp(TimeUnit::Microsecond, None),
+                true,
+            ),
+            Field::new("views", DataType::Int64, true),
+        ]))
+    }
+
+    const MINUTE_US: i64 = 60_000_000;
+
+    fn windows(rows: &[(&str, i64, i64)]) -> RecordBatch {
+        use datafusion::arrow::array::TimestampMicrosecondArray;
+        RecordBatch::try_new(
+            windows_schema(),
+            vec![
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0))),
+                Arc::new(TimestampMicrosecondArray::from_iter_values(
+                    rows.iter().map(|r| r.1 * MINUTE_US),
+                )),
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.2))),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn windowed(mode: WriteMode) -> QueryOutput {
+        QueryOutput {
+            schema: windows_schema(),
+            mode,
+            keys: Some(vec!["page".into(), "window_start".into()]),
+            time: Some(RowTime::WindowEnd {
+                column: "window_start".into(),
+                field: None,
+                plus_us: 5 * MINUTE_US,
+            }),
+        }
+    }
+
+    /// `(page, start minute, views)` of `sql` over the view as `v`, sorted.
+    async fn window_rows(store: &Arc<ViewStore>, sql: &str) -> Vec<(String, i64, i64)> {
+        window_rows_of(Arc::new(ViewTable::new(store.clone(), "SELECT 1")), sql).await
+    }
+
+    async fn window_rows_of(v: Arc<dyn TableProvider>, sql: &str) -> Vec<(String, i64, i64)> {
+        use datafusion::arrow::datatypes::TimestampMicrosecondType;
+        let ctx = SessionContext::new();
+        ctx.register_table("v", v).unwrap();
+        let mut out = Vec::new();
+        for b in ctx.sql(sql).await.unwrap().collect().await.unwrap() {
+            let p = b.column(0).as_string::<i32>();
+            let t = b.column(1).as_primitive::<TimestampMicrosecondType>();
+            let n = b.column(2).as_primitive::<Int64Type>();
+            for i in 0..b.num_rows() {
+                out.push((p.value(i).to_string(), t.value(i) / MINUTE_US, n.value(i)));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    fn triples(rows: &[(&str, i64, i64)]) -> Vec<(String, i64, i64)> {
+        let mut v: Vec<_> = rows
+            .iter()
+            .map(|(p, t, n)| (p.to_string(), *t, *n))
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[tokio::test]
+    async fn ranges_of_windows_are_read_from_the_key_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let mode = WriteMode::Merge {
+            keys: vec!["page".into(), "window_start".into()],
+        };
+        let store = Arc::new(ViewStore::load(dir.path(), windowed(mode), None).unwrap());
+        let mut all = Vec::new();
+        for minute in (0..60).step_by(5) {
+            for page in ["/a", "/b"] {
+                all.push((page, minute, minute + 1));
+            }
+        }
+        store
+            .commit(BatchId(0), vec![windows(&all)], 0)
+            .await
+            .unwrap();
+        let ts = |m: i64| format!("TIMESTAMP '1970-01-01 00:{m:02}:00'");
+        // The same filters over the rows in a plain table are the independent answer.
+        let plain = Arc::new(
+            datafusion::datasource::MemTable::try_new(windows_schema(), vec![vec![windows(&all)]])
+                .unwrap(),
+        );
+        let cases = [
+            format!("window_start >= {} AND window_start < {}", ts(10), ts(25)),
+            format!("window_start > {}", ts(50)),
+            format!("window_start <= {}", ts(5)),
+            format!("window_start = {} AND page = '/b'", ts(30)),
+            format!("window_start BETWEEN {} AND {}", ts(12), ts(20)),
+            format!("{} < window_start AND window_start < {}", ts(5), ts(5)),
+            format!("window_start > {} AND views > 40", ts(40)),
+        ];
+        for where_ in &cases {
+            let got = window_rows(&store, &format!("SELECT * FROM v WHERE {where_}")).await;
+            let scan =
+                window_rows_of(plain.clone(), &format!("SELECT * FROM v WHERE {where_}")).await;
+            assert_eq!(got, scan, "{where_}");
+        }
+        assert_eq!(
+            window_rows(
+                &store,
+                &format!(
+                    "SELECT * FROM v WHERE window_start >= {} AND window_start < {}",
+                    ts(10),
+                    ts(20)
+                )
+            )
+            .await,
+            triples(&[
+                ("/a", 10, 11),
+                ("/a", 15, 16),
+                ("/b", 10, 11),
+                ("/b", 15, 16)
+            ])
+        );
+        // The range itself: only the rows it bounds are decoded.
+        let snap = store.snapshot();
+        let filters = [
+            datafusion::prelude::col("window_start").gt_eq(datafusion::prelude::lit(
+                ScalarValue::TimestampMicrosecond(Some(50 * MINUTE_US), None),
+            )),
+        ];
+        let found: usize = store
+            .find(&snap, &filters)
+            .unwrap()
+            .unwrap()
+            .iter()
+            .map(RecordBatch::num_rows)
+            .sum();
+        assert_eq!(found, 4);
+    }
+
+    #[test]
+    fn a_prefix_successor_is_above_every_string_with_the_prefix() {
+        assert_eq!(prefix_successor(&[1, 2, 3]), Some(vec![1, 2, 4]));
+        assert_eq!(prefix_successor(&[1, 0xFF, 0xFF]), Some(vec![2]));
+        assert_eq!(prefix_successor(&[0xFF]), None);
+        assert_eq!(prefix_successor(&[]), None);
+    }
+
+    #[tokio::test]
+    async fn retention_removes_windows_that_ended_long_enough_before_the_watermark() {
+        let dir = tempfile::tempdir().unwrap();
+        let mode = WriteMode::Merge {
+            keys: vec!["page".into(), "window_start".into()],
+        };
+        let output = windowed(mode);
+        let keep = Retention {
+            time: output.time.clone().unwrap(),
+            keep_us: 10 * MINUTE_US,
+        };
+        let store =
+            Arc::new(ViewStore::load(dir.path(), output.clone(), Some(keep.clone())).unwrap());
+        let minute_ms = 60_000;
+        // Windows [0, 5), [5, 10), [10, 15); the watermark is still 0.
+        store
+            .commit(
+                BatchId(0),
+                vec![windows(&[("/a", 0, 1), ("/a", 5, 1), ("/b", 10, 1)])],
+                0,
+            )
+            .await
+            .unwrap();
+        assert_eq!(store.snapshot().num_rows(), 3);
+        // At 15: [0, 5) ended at 5, exactly 10 minutes before, and goes; [5, 10) stays.
+        store
+            .commit(BatchId(1), vec![windows(&[("/a", 5, 2)])], 15 * minute_ms)
+            .await
+            .unwrap();
+        let want = triples(&[("/a", 5, 2), ("/b", 10, 1)]);
+        assert_eq!(window_rows(&store, "SELECT * FROM v").await, want);
+        // Reopened, the log replays each batch at its own watermark.
+        let reopened =
+            Arc::new(ViewStore::load(dir.path(), output.clone(), Some(keep.clone())).unwrap());
+        assert_eq!(window_rows(&reopened, "SELECT * FROM v").await, want);
+        // A batch with no rows moves the watermark too: at 24:59.999 [10, 15) stays.
+        reopened
+            .commit(BatchId(2), vec![], 25 * minute_ms - 1)
+            .await
+            .unwrap();
+        assert_eq!(
+            window_rows(&reopened, "SELECT * FROM v").await,
+            triples(&[("/b", 10, 1)])
+        );
+    }
+
+    #[tokio::test]
+    async fn retention_without_aggregation_removes_rows_by_event_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let output = QueryOutput {
+            time: Some(RowTime::EventTime {
+                column: "window_start".into(),
+            }),
+            ..QueryOutput::append(windows_schema())
+        };
+        let keep = Retention {
+            time: output.time.clone().unwrap(),
+            keep_us: MINUTE_US,
+        };
+        let store =
+            Arc::new(ViewStore::load(dir.path(), output.clone(), Some(keep.clone())).unwrap());
+        let minute_ms = 60_000;
+        store
+            .commit(BatchId(0), vec![windows(&[("/a", 1, 1), ("/a", 3, 1)])], 0)
+            .await
+            .unwrap();
+        // At 2: the row at 1 is kept (1 + 1 is not before 2); at 2:00.001 it goes, and the
+        // row of the same batch at 3 stays.
+        store
+            .commit(BatchId(1), vec![windows(&[("/b", 2, 1)])], 2 * minute_ms)
+            .await
+            .unwrap();
+        assert_eq!(store.snapshot().num_rows(), 3);
+        store
+            .commit(BatchId(2), vec![], 2 * minute_ms + 1)
+            .await
+            .unwrap();
+        let want = triples(&[("/a", 3, 1), ("/b", 2, 1)]);
+        assert_eq!(window_rows(&store, "SELECT * FROM v").await, want);
+        let reopened = Arc::new(ViewStore::load(dir.path(), output, Some(keep)).unwrap());
+        assert_eq!(window_rows(&reopened, "SELECT * FROM v").await, want);
+    }
+
+    #[test]
+    fn retention_needs_a_time_column_and_no_complete_mode() {
+        let options = Options::try_from_pairs(vec![("retention".into(), "1 day".into())]).unwrap();
+        let append = QueryOutput::append(schema());
+        assert!(matches!(
+            Retention::from_options(&options, &append),
+            Err(Error::InvalidOption { .. })
+        ));
+        let complete = QueryOutput {
+            mode: WriteMode::Overwrite,
+            ..windowed(WriteMode::Overwrite)
+        };
+        assert!(matches!(
+            Retention::from_options(&options, &complete),
+            Err(Error::InvalidOption { .. })
+        ));
+        let day = Retention::from_options(&options, &windowed(WriteMode::Append))
+            .unwrap()
+            .unwrap();
+        assert_eq!(day.keep_us, 86_400_000_000);
     }
 }

@@ -108,7 +108,8 @@ fn is_tidemark(words: &[String]) -> bool {
             "STREAMS" | "SINKS" | "QUERIES" | "OPTIONS" | "MATERIALIZED"
         ),
         "STOP" | "START" | "ALTER" => matches!(w(1), "SINK" | "MATERIALIZED"),
-        "FLUSH" | "OPTIMIZE" => true,
+        "FLUSH" | "OPTIMIZE" | "SAVEPOINT" | "RELEASE" => true,
+        "ROLLBACK" => w(1) == "TO",
         "EXPLAIN" => w(1) == "CREATE" && matches!(w(2), "SINK" | "MATERIALIZED"),
         _ => false,
     }

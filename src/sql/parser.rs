@@ -63,6 +63,10 @@ pub enum TidemarkStatement {
         options: Options,
         kind: QueryKind,
     },
+    /// `SAVEPOINT`, `RELEASE [SAVEPOINT]`, `ROLLBACK TO [SAVEPOINT]`: accepted inside a
+    /// transaction block, as Postgres does, with nothing to undo (Tidemark's statements
+    /// take effect at once).
+    Savepoint(SavepointCommand),
     /// Waits until the named sink (or every running sink) has processed what is available.
     Flush {
         sink: Option<String>,
@@ -224,7 +228,53 @@ fn parse_query_kind(p: &mut Parser) -> Result<QueryKind> {
     )))
 }
 
+/// A savepoint statement, by the savepoint's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SavepointCommand {
+    Set(String),
+    Release(String),
+    RollbackTo(String),
+}
+
+impl SavepointCommand {
+    /// The command tag Postgres answers with.
+    pub fn tag(&self) -> &'static str {
+        match self {
+            SavepointCommand::Set(_) => "SAVEPOINT",
+            SavepointCommand::Release(_) => "RELEASE",
+            SavepointCommand::RollbackTo(_) => "ROLLBACK",
+        }
+    }
+
+    /// The statement's name in Postgres's errors.
+    pub fn statement(&self) -> &'static str {
+        match self {
+            SavepointCommand::Set(_) => "SAVEPOINT",
+            SavepointCommand::Release(_) => "RELEASE SAVEPOINT",
+            SavepointCommand::RollbackTo(_) => "ROLLBACK TO SAVEPOINT",
+        }
+    }
+}
+
 fn parse_statement(p: &mut Parser) -> Result<TidemarkStatement> {
+    if parse_word(p, "SAVEPOINT") {
+        return Ok(TidemarkStatement::Savepoint(SavepointCommand::Set(
+            parse_name(p)?,
+        )));
+    }
+    if parse_word(p, "RELEASE") {
+        parse_word(p, "SAVEPOINT");
+        return Ok(TidemarkStatement::Savepoint(SavepointCommand::Release(
+            parse_name(p)?,
+        )));
+    }
+    if parse_word(p, "ROLLBACK") {
+        expect_word(p, "TO")?;
+        parse_word(p, "SAVEPOINT");
+        return Ok(TidemarkStatement::Savepoint(SavepointCommand::RollbackTo(
+            parse_name(p)?,
+        )));
+    }
     if parse_word(p, "CREATE") {
         if parse_word(p, "STREAM") {
             return Ok(TidemarkStatement::CreateStream(parse_create_stream(p)?));

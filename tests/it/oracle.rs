@@ -9,6 +9,9 @@
 //! - `changelog.csv`: how many rows each batch emitted;
 //! - `output.csv`: the sink's table (append: cumulative; complete: the last snapshot;
 //!   update: the last emitted value of every group, which is what a MERGE keeps).
+//!
+//! The same query runs beside the sink as a materialized view, which must pass the same
+//! checks: its progress batch by batch, and its rows equal to the sink's table.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -111,10 +114,10 @@ fn read_csv(path: &Path) -> Vec<Vec<String>> {
         .collect()
 }
 
-async fn table_rows(client: &Client) -> Vec<Vec<String>> {
+async fn table_rows(client: &Client, table: &str) -> Vec<Vec<String>> {
     let mut out: Vec<Vec<String>> = rows(
         client,
-        "SELECT window_start, window_end, page, views, total_duration_s FROM out",
+        &format!("SELECT window_start, window_end, page, views, total_duration_s FROM {table}"),
     )
     .await
     .into_iter()
@@ -172,33 +175,41 @@ async fn check_variant(case: &Path, runs: &[String], variant: &str, v: &Variant)
         let server = TestServer::start(&data_dir, port, &[]).await;
         let client = server.connect().await;
         if k == 0 {
+            // The same query as a Delta sink and as a materialized view.
+            let query = format!(
+                "SELECT {w}.start AS window_start, {w}.end AS window_end, page, \
+                 count(*) AS views, sum(duration_s) AS total_duration_s \
+                 FROM clicks GROUP BY {window}, page",
+                w = if v.window == "session" {
+                    "session_window"
+                } else {
+                    "window"
+                },
+            );
+            let with = format!(
+                "watermark = 'event_time - {}', output_mode = '{}', trigger = '{}'",
+                v.watermark, v.mode, v.trigger
+            );
             client
                 .batch_execute(&format!(
                     "CREATE STREAM clicks (user_id TEXT, page TEXT, event_time TIMESTAMP, \
                      duration_s DOUBLE PRECISION) WITH (format = 'json', path = '{}', \
                      max_files_per_trigger = {});
-                     CREATE SINK out WITH (watermark = 'event_time - {}', output_mode = '{}', \
-                     trigger = '{}') AS SELECT {w}.start AS window_start, {w}.end AS \
-                     window_end, page, count(*) AS views, sum(duration_s) AS total_duration_s \
-                     FROM clicks GROUP BY {window}, page",
+                     CREATE SINK out WITH ({with}) AS {query};
+                     CREATE MATERIALIZED VIEW view_out WITH ({with}) AS {query}",
                     landing.display(),
                     v.max_files,
-                    v.watermark,
-                    v.mode,
-                    v.trigger,
-                    w = if v.window == "session" {
-                        "session_window"
-                    } else {
-                        "window"
-                    },
                 ))
                 .await
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
         } else {
-            client.batch_execute("START SINK out").await.unwrap();
+            client
+                .batch_execute("START SINK out; START MATERIALIZED VIEW view_out")
+                .await
+                .unwrap();
         }
         client
-            .batch_execute("FLUSH SINK out")
+            .batch_execute("FLUSH SINK out; FLUSH MATERIALIZED VIEW view_out")
             .await
             .unwrap_or_else(|e| panic!("{what}: {e}\n{}", server.log()));
         let expected = case
@@ -206,81 +217,8 @@ async fn check_variant(case: &Path, runs: &[String], variant: &str, v: &Variant)
             .join(variant)
             .join(format!("run{}", k + 1));
 
-        // batches.csv
-        let got: Vec<Vec<String>> = rows(
-            &client,
-            "SELECT batch_id, num_input_rows, watermark, event_time_min, event_time_max, \
-             rows_dropped_by_watermark, state_rows_total, state_rows_updated, \
-             state_rows_removed, sink_output_rows FROM tidemark.progress ORDER BY batch_id",
-        )
-        .await
-        .into_iter()
-        .map(|r| {
-            let s = |i: usize| r[i].clone().unwrap_or_default();
-            let ts = |i: usize| r[i].as_deref().map(progress_ts).unwrap_or_default();
-            let dropped = if s(5) == "0" { "0" } else { ">0" };
-            vec![
-                s(0),
-                s(1),
-                ts(2),
-                ts(3),
-                ts(4),
-                dropped.into(),
-                s(6),
-                s(7),
-                s(8),
-            ]
-        })
-        .collect();
-        let want: Vec<Vec<String>> = read_csv(&expected.join("batches.csv"))
-            .into_iter()
-            .map(|r| {
-                let dropped = if r[5] == "0" { "0" } else { ">0" };
-                vec![
-                    r[0].clone(),
-                    r[1].clone(),
-                    r[2].clone(),
-                    r[3].clone(),
-                    r[4].clone(),
-                    dropped.into(),
-                    r[6].clone(),
-                    r[7].clone(),
-                    r[8].clone(),
-                ]
-            })
-            .collect();
-        assert_eq!(
-            got, want,
-            "{what}: batches (id, rows, watermark, min, max, dropped, state total/updated/removed)"
-        );
-
-        // changelog.csv: rows emitted per batch.
+        // output.csv: the sink's table, and the view.
         let changelog = read_csv(&expected.join("changelog.csv"));
-        let mut per_batch: BTreeMap<String, u64> = BTreeMap::new();
-        for r in &changelog {
-            *per_batch.entry(r[0].clone()).or_default() += 1;
-        }
-        let got_out: Vec<(String, u64)> = rows(
-            &client,
-            "SELECT batch_id, sink_output_rows FROM tidemark.progress ORDER BY batch_id",
-        )
-        .await
-        .into_iter()
-        .map(|r| {
-            (
-                r[0].clone().unwrap(),
-                r[1].as_deref().unwrap().parse().unwrap(),
-            )
-        })
-        .collect();
-        let want_out: Vec<(String, u64)> = got_out
-            .iter()
-            .map(|(b, _)| (b.clone(), per_batch.get(b).copied().unwrap_or(0)))
-            .collect();
-        assert_eq!(got_out, want_out, "{what}: rows emitted per batch");
-
-        // output.csv
-        let table = table_rows(&client).await;
         let want_table: Vec<Vec<String>> = match v.mode.as_str() {
             "update" => {
                 let mut rows_in_order = changelog.clone();
@@ -293,7 +231,82 @@ async fn check_variant(case: &Path, runs: &[String], variant: &str, v: &Variant)
             }
             _ => read_csv(&expected.join("output.csv")),
         };
-        assert_eq!(table, want_table, "{what}: the sink's table");
+        for query in ["out", "view_out"] {
+            let what = format!("{what} / {query}");
+            // batches.csv
+            let got: Vec<Vec<String>> = rows(
+                &client,
+                &format!("SELECT batch_id, num_input_rows, watermark, event_time_min, event_time_max, \
+                 rows_dropped_by_watermark, state_rows_total, state_rows_updated, \
+                 state_rows_removed, sink_output_rows FROM tidemark.progress WHERE name = '{query}' ORDER BY batch_id"),
+            )
+            .await
+            .into_iter()
+            .map(|r| {
+                let s = |i: usize| r[i].clone().unwrap_or_default();
+                let ts = |i: usize| r[i].as_deref().map(progress_ts).unwrap_or_default();
+                let dropped = if s(5) == "0" { "0" } else { ">0" };
+                vec![
+                    s(0),
+                    s(1),
+                    ts(2),
+                    ts(3),
+                    ts(4),
+                    dropped.into(),
+                    s(6),
+                    s(7),
+                    s(8),
+                ]
+            })
+            .collect();
+            let want: Vec<Vec<String>> = read_csv(&expected.join("batches.csv"))
+                .into_iter()
+                .map(|r| {
+                    let dropped = if r[5] == "0" { "0" } else { ">0" };
+                    vec![
+                        r[0].clone(),
+                        r[1].clone(),
+                        r[2].clone(),
+                        r[3].clone(),
+                        r[4].clone(),
+                        dropped.into(),
+                        r[6].clone(),
+                        r[7].clone(),
+                        r[8].clone(),
+                    ]
+                })
+                .collect();
+            assert_eq!(
+                got, want,
+                "{what}: batches (id, rows, watermark, min, max, dropped, state total/updated/removed)"
+            );
+
+            // changelog.csv: rows emitted per batch.
+            let mut per_batch: BTreeMap<String, u64> = BTreeMap::new();
+            for r in &changelog {
+                *per_batch.entry(r[0].clone()).or_default() += 1;
+            }
+            let got_out: Vec<(String, u64)> = rows(
+                &client,
+                &format!("SELECT batch_id, sink_output_rows FROM tidemark.progress WHERE name = '{query}' ORDER BY batch_id"),
+            )
+            .await
+            .into_iter()
+            .map(|r| {
+                (
+                    r[0].clone().unwrap(),
+                    r[1].as_deref().unwrap().parse().unwrap(),
+                )
+            })
+            .collect();
+            let want_out: Vec<(String, u64)> = got_out
+                .iter()
+                .map(|(b, _)| (b.clone(), per_batch.get(b).copied().unwrap_or(0)))
+                .collect();
+            assert_eq!(got_out, want_out, "{what}: rows emitted per batch");
+            let table = table_rows(&client, query).await;
+            assert_eq!(table, want_table, "{what}: the rows");
+        }
         drop(client);
         server.stop().await;
     }

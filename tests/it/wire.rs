@@ -1,5 +1,5 @@
 //! The Postgres wire: the extended protocol (tokio-postgres prepares every query), result
-//! column types, SQLSTATEs, and psql's `\d`.
+//! column types, SQLSTATEs, psql's `\d` and `\dm`, and SQLAlchemy's inspector.
 
 use tokio_postgres::types::Type;
 
@@ -83,6 +83,14 @@ async fn extended_protocol_types_errors_and_psql() {
         .unwrap();
     assert_eq!(rows[0].get::<_, &str>(0), "/home");
     assert_eq!(rows[0].get::<_, f64>(1), 12.5);
+    client
+        .batch_execute(
+            "CREATE MATERIALIZED VIEW page_views AS \
+             SELECT page, count(*) AS views FROM clicks GROUP BY page; \
+             FLUSH MATERIALIZED VIEW page_views",
+        )
+        .await
+        .unwrap();
 
     // SQLSTATEs, and the session stays usable after each error.
     for (sql, code) in [
@@ -125,6 +133,10 @@ async fn extended_protocol_types_errors_and_psql() {
             "\\d clicks",
             "-c",
             "SELECT version()",
+            "-c",
+            "\\dm",
+            "-c",
+            "\\d page_views",
         ])
         .output()
     {
@@ -144,12 +156,50 @@ async fn extended_protocol_types_errors_and_psql() {
             "\\d clicks output:\n{stdout}"
         );
         assert!(stdout.contains("PostgreSQL 17"), "version():\n{stdout}");
+        // \dm lists the view by its type; \d describes it with its columns.
+        assert!(
+            stdout.contains("page_views | materialized view"),
+            "\\dm output:\n{stdout}"
+        );
+        assert!(
+            stdout.contains("Materialized view \"public.page_views\""),
+            "\\d page_views output:\n{stdout}"
+        );
+        assert!(
+            stdout.contains(" views  | bigint"),
+            "\\d page_views output:\n{stdout}"
+        );
     } else {
         assert!(
             std::env::var_os("CI").is_none(),
             "psql is not installed: CI must install it (.ci/run does)"
         );
         eprintln!("psql is not installed: skipping the psql part (.ci/run installs it)");
+    }
+    // SQLAlchemy's inspector (over psycopg 3) finds the view and its columns.
+    let has_sqlalchemy = std::process::Command::new("python3")
+        .args(["-c", "import sqlalchemy, psycopg"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if has_sqlalchemy {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/sqlalchemy_check.py");
+        let out = std::process::Command::new("python3")
+            .arg(script)
+            .arg(server.port.to_string())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "SQLAlchemy check failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    } else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "SQLAlchemy is not installed: CI must install it (.ci/run does)"
+        );
+        eprintln!("SQLAlchemy is not installed: skipping its part (.ci/run installs it)");
     }
     // psycopg 3 (extended protocol, transactions, binary results), when installed.
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/psycopg_check.py");

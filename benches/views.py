@@ -1,0 +1,325 @@
+#!/usr/bin/env python3
+"""Materialized views: freshness, reads under writes, memory per group, and PostgreSQL's
+REFRESH MATERIALIZED VIEW beside an incremental view (issue 11, item 5).
+
+    python3 benches/views.py BIN freshness [--rates 1000,50000] [--seconds 20]
+    python3 benches/views.py BIN reads [--groups 1000000] [--rate 50000] [--seconds 20]
+                                       [--store memory|rocksdb]
+    python3 benches/views.py BIN postgres [--rows 1000000] [--probes 20]
+
+BIN is a release `tidemark` (built with --features rocksdb for --store rocksdb). Every
+run starts its own server on a free port with a fresh data directory under --work (default
+/tmp/views-bench) and talks to it with psycopg 3, as a client would.
+
+freshness: a table-fed stream of the seed's clicks and the seed's five-minute page-view
+  view (update mode, default trigger). A writer inserts RATE rows/s (an INSERT of RATE/100
+  rows every 10 ms) while a prober, 50 times a second, inserts one row of its own page and
+  polls the view with a full-key lookup until the row's window shows it. Reported: the
+  time from sending the probe's INSERT to the first read that sees it (p50, p99, max), and
+  how many rows the writer got in.
+
+reads: a view of one row per user (`GROUP BY user_id`, update mode) filled with GROUPS
+  users by COPY (batches of at most 100,000 rows). The server's RSS is read before the
+  view exists and after it holds every group: the difference over GROUPS is the memory per
+  group (view rows plus the operator's state, in the --store). Then a writer inserts RATE
+  rows/s for random users while a reader looks one user up at a time; reported: the
+  lookup's round trip (p50, p99, max) and how many lookups ran.
+
+postgres: the same ROWS clicks in a PostgreSQL table and in a Tidemark stream, and the same
+  plain aggregate (views and total duration per page) as PostgreSQL's materialized view
+  and as a Tidemark view. Each probe inserts one row and waits until the view shows it:
+  PostgreSQL by `REFRESH MATERIALIZED VIEW`, Tidemark by polling its view. Reported: the
+  probe's latency (p50, max) for each. PostgreSQL (Debian's, /usr/lib/postgresql/*) runs
+  as the `postgres` user in a scratch cluster on a free port.
+"""
+import argparse
+import datetime as dt
+import glob
+import os
+import random
+import shutil
+import socket
+import subprocess
+import threading
+import time
+
+import psycopg
+
+ap = argparse.ArgumentParser()
+ap.add_argument("bin")
+ap.add_argument("what", choices=["freshness", "reads", "postgres"])
+ap.add_argument("--rates", default="1000,50000")
+ap.add_argument("--rate", type=int, default=50_000)
+ap.add_argument("--seconds", type=int, default=20)
+ap.add_argument("--groups", type=int, default=1_000_000)
+ap.add_argument("--store", default="memory")
+ap.add_argument("--rows", type=int, default=1_000_000)
+ap.add_argument("--probes", type=int, default=20)
+ap.add_argument("--work", default="/tmp/views-bench")
+args = ap.parse_args()
+
+BASE = dt.datetime(2026, 6, 10, 10, 0, 0)
+PAGES = [f"/p{i}" for i in range(10)]
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def pct(values, q):
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * len(v)))] if v else float("nan")
+
+
+def ms(values):
+    return (f"p50={pct(values, .5) * 1000:7.2f} ms  p99={pct(values, .99) * 1000:7.2f} ms  "
+            f"max={max(values) * 1000:7.2f} ms  n={len(values)}")
+
+
+class Server:
+    def __init__(self, name):
+        self.dir = os.path.join(args.work, name)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        os.makedirs(self.dir)
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [args.bin, "serve", "--listen", f"127.0.0.1:{self.port}",
+             "--data-dir", os.path.join(self.dir, "data")],
+            stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.dir, "log"), "w"),
+            env={**os.environ, "RUST_LOG": "warn"})
+        end = time.time() + 60
+        while True:
+            try:
+                self.connect().close()
+                return
+            except psycopg.OperationalError:
+                if time.time() > end or self.proc.poll() is not None:
+                    raise SystemExit(f"the server did not start: {self.dir}/log")
+                time.sleep(0.05)
+
+    def connect(self):
+        return psycopg.connect(f"host=127.0.0.1 port={self.port} user=bench dbname=bench",
+                               autocommit=True)
+
+    def rss_bytes(self):
+        for line in open(f"/proc/{self.proc.pid}/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise SystemExit("no VmRSS")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def event_time(start):
+    """Event time runs with the wall clock from BASE."""
+    return BASE + dt.timedelta(seconds=time.time() - start)
+
+
+def values_sql(rows):
+    return ", ".join(f"('{u}', '{p}', TIMESTAMP '{t.isoformat(sep=' ')}', {d:.2f})"
+                     for u, p, t, d in rows)
+
+
+def writer(conn, rate, start, stop, users, counts):
+    """RATE rows/s as an INSERT of RATE/100 rows every 10 ms, until `stop` is set."""
+    per = max(1, rate // 100)
+    rnd = random.Random(3)
+    tick = time.time()
+    while not stop.is_set():
+        t = event_time(start)
+        rows = [(f"u{rnd.randrange(users)}", rnd.choice(PAGES), t, rnd.random() * 60)
+                for _ in range(per)]
+        conn.execute(f"INSERT INTO clicks VALUES {values_sql(rows)}")
+        counts[0] += per
+        tick += 0.01
+        delay = tick - time.time()
+        if delay > 0:
+            time.sleep(delay)
+
+
+CLICKS = ("CREATE STREAM clicks (user_id TEXT, page TEXT, event_time TIMESTAMP, "
+          "duration_s DOUBLE PRECISION, "
+          "WATERMARK FOR event_time AS event_time - INTERVAL '10 minutes')")
+
+
+def freshness(rate):
+    server = Server(f"freshness-{rate}")
+    admin = server.connect()
+    admin.execute(CLICKS)
+    admin.execute("""CREATE MATERIALIZED VIEW page_views AS
+        SELECT window.start AS window_start, window.end AS window_end, page,
+               count(*) AS views, sum(duration_s) AS total_duration_s
+        FROM clicks GROUP BY window(event_time, '5 minutes'), page""")
+    start = time.time()
+    stop = threading.Event()
+    counts = [0]
+    w = threading.Thread(target=writer, args=(server.connect(), rate, start, stop, 10_000, counts))
+    w.start()
+    probe = server.connect()
+    lags, n = [], 0
+    warmup = start + 3
+    end = start + args.seconds
+    tick = time.time()
+    while time.time() < end:
+        n += 1
+        page = f"probe{n}"
+        t = event_time(start)
+        ws = t.replace(minute=t.minute - t.minute % 5, second=0, microsecond=0)
+        we = ws + dt.timedelta(minutes=5)
+        t0 = time.perf_counter()
+        probe.execute("INSERT INTO clicks VALUES (%s, %s, %s, %s)", ("probe", page, t, 1.0))
+        while probe.execute("SELECT views FROM page_views WHERE window_start = %s AND "
+                            "window_end = %s AND page = %s", (ws, we, page)).fetchone() is None:
+            pass
+        lag = time.perf_counter() - t0
+        if time.time() >= warmup:
+            lags.append(lag)
+        tick += 0.02
+        delay = tick - time.time()
+        if delay > 0:
+            time.sleep(delay)
+    stop.set()
+    w.join()
+    elapsed = time.time() - start
+    print(f"freshness at {rate:>6,} rows/s (wrote {counts[0] / elapsed:,.0f} rows/s): "
+          f"INSERT -> visible {ms(lags)}")
+    server.stop()
+
+
+def copy_rows(conn, rows):
+    with conn.cursor() as cur:
+        with cur.copy("COPY clicks FROM STDIN") as copy:
+            for r in rows:
+                copy.write_row(r)
+
+
+def reads():
+    server = Server(f"reads-{args.store}-{args.groups}")
+    admin = server.connect()
+    admin.execute(CLICKS)
+    # The groups' rows first, so that the view's memory is all that changes after.
+    rnd = random.Random(5)
+    t0 = time.time()
+    chunk = 100_000
+    for lo in range(0, args.groups, chunk):
+        copy_rows(admin, [(f"u{i}", rnd.choice(PAGES), BASE, rnd.random() * 60)
+                          for i in range(lo, min(args.groups, lo + chunk))])
+    loaded = time.time() - t0
+    time.sleep(1)
+    before = server.rss_bytes()
+    t0 = time.time()
+    admin.execute(f"""CREATE MATERIALIZED VIEW user_totals WITH (state_store = '{args.store}',
+        max_rows_per_trigger = 100000) AS
+        SELECT user_id, count(*) AS n, sum(duration_s) AS total FROM clicks GROUP BY user_id""")
+    admin.execute("FLUSH MATERIALIZED VIEW user_totals")
+    built = time.time() - t0
+    held = admin.execute("SELECT count(*) FROM user_totals").fetchone()[0]
+    assert held == args.groups, held
+    time.sleep(1)
+    after = server.rss_bytes()
+    print(f"reads/{args.store}: {args.groups:,} groups copied in {loaded:.1f} s, view built in "
+          f"{built:.1f} s; RSS {before / 2**20:,.0f} -> {after / 2**20:,.0f} MiB = "
+          f"{(after - before) / args.groups:,.0f} bytes per group")
+    # Lookups while RATE rows/s are written.
+    start = time.time()
+    stop = threading.Event()
+    counts = [0]
+    w = threading.Thread(target=writer,
+                         args=(server.connect(), args.rate, start, stop, args.groups, counts))
+    w.start()
+    reader = server.connect()
+    lat = []
+    end = start + args.seconds
+    while time.time() < end:
+        user = f"u{rnd.randrange(args.groups)}"
+        t0 = time.perf_counter()
+        row = reader.execute("SELECT n FROM user_totals WHERE user_id = %s", (user,)).fetchone()
+        lat.append(time.perf_counter() - t0)
+        assert row is not None and row[0] >= 1, (user, row)
+    stop.set()
+    w.join()
+    elapsed = time.time() - start
+    print(f"reads/{args.store}: 1-row lookup on {args.groups:,} groups while writing "
+          f"{counts[0] / elapsed:,.0f} rows/s: {ms(lat)}")
+    server.stop()
+
+
+def postgres():
+    pg_bin = sorted(glob.glob("/usr/lib/postgresql/*/bin"))[-1]
+    pg_dir = os.path.join(args.work, "pg")
+    shutil.rmtree(pg_dir, ignore_errors=True)
+    os.makedirs(pg_dir)
+    shutil.chown(pg_dir, "postgres")
+    as_pg = ["runuser", "-u", "postgres", "--"]
+    subprocess.run(as_pg + [f"{pg_bin}/initdb", "-D", f"{pg_dir}/data", "-A", "trust", "-U",
+                            "bench"], check=True, capture_output=True)
+    pg_port = free_port()
+    subprocess.run(as_pg + [f"{pg_bin}/pg_ctl", "-D", f"{pg_dir}/data", "-l", f"{pg_dir}/log",
+                            "-o", f"-p {pg_port} -k {pg_dir} -c fsync=on", "-w", "start"],
+                   check=True, capture_output=True)
+    try:
+        pg = psycopg.connect(f"host=127.0.0.1 port={pg_port} user=bench dbname=postgres",
+                             autocommit=True)
+        version = pg.execute("SHOW server_version").fetchone()[0]
+        pg.execute("CREATE TABLE clicks (user_id TEXT, page TEXT, event_time TIMESTAMP, "
+                   "duration_s DOUBLE PRECISION)")
+        rnd = random.Random(9)
+        rows = [(f"u{rnd.randrange(10_000)}", rnd.choice(PAGES), BASE, rnd.random() * 60)
+                for _ in range(args.rows)]
+        t0 = time.time()
+        copy_rows(pg, rows)
+        pg.execute("CREATE MATERIALIZED VIEW per_page AS SELECT page, count(*) AS views, "
+                   "sum(duration_s) AS total FROM clicks GROUP BY page")
+        pg.execute("VACUUM ANALYZE clicks")
+        print(f"postgres {version}: {args.rows:,} rows loaded and viewed in {time.time() - t0:.1f} s")
+        pg_lat = []
+        for i in range(args.probes):
+            t0 = time.perf_counter()
+            pg.execute("INSERT INTO clicks VALUES (%s, %s, %s, %s)", ("p", f"/probe{i}", BASE, 1.0))
+            pg.execute("REFRESH MATERIALIZED VIEW per_page")
+            seen = pg.execute("SELECT views FROM per_page WHERE page = %s", (f"/probe{i}",)).fetchone()
+            pg_lat.append(time.perf_counter() - t0)
+            assert seen == (1,), seen
+        pg_total = pg.execute("SELECT sum(views) FROM per_page").fetchone()[0]
+    finally:
+        subprocess.run(as_pg + [f"{pg_bin}/pg_ctl", "-D", f"{pg_dir}/data", "-m", "fast", "stop"],
+                       capture_output=True)
+    server = Server("postgres-side")
+    tm = server.connect()
+    tm.execute(CLICKS)
+    t0 = time.time()
+    for lo in range(0, len(rows), 100_000):
+        copy_rows(tm, rows[lo:lo + 100_000])
+    tm.execute("CREATE MATERIALIZED VIEW per_page AS SELECT page, count(*) AS views, "
+               "sum(duration_s) AS total FROM clicks GROUP BY page")
+    tm.execute("FLUSH MATERIALIZED VIEW per_page")
+    print(f"tidemark: {args.rows:,} rows loaded and viewed in {time.time() - t0:.1f} s")
+    tm_lat = []
+    for i in range(args.probes):
+        t0 = time.perf_counter()
+        tm.execute("INSERT INTO clicks VALUES (%s, %s, %s, %s)", ("p", f"/probe{i}", BASE, 1.0))
+        while tm.execute("SELECT views FROM per_page WHERE page = %s",
+                         (f"/probe{i}",)).fetchone() != (1,):
+            pass
+        tm_lat.append(time.perf_counter() - t0)
+    tm_total = tm.execute("SELECT sum(views) FROM per_page").fetchone()[0]
+    assert tm_total == pg_total, (tm_total, pg_total)
+    server.stop()
+    print(f"postgres: INSERT + REFRESH MATERIALIZED VIEW over {args.rows:,} rows: {ms(pg_lat)}")
+    print(f"tidemark: INSERT -> visible in the view over {args.rows:,} rows:      {ms(tm_lat)}")
+    print(f"both views hold {pg_total:,} clicks")
+
+
+if args.what == "freshness":
+    for r in args.rates.split(","):
+        freshness(int(r))
+elif args.what == "reads":
+    reads()
+else:
+    postgres()
