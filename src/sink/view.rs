@@ -82,9 +82,11 @@ pub fn open(dir: &Path, output: &QueryOutput, options: &Options) -> Result<Arc<V
 }
 
 /// Forgets the view kept in `dir` (`DROP MATERIALIZED VIEW`); readers that hold one of its
-/// snapshots keep it.
+/// snapshots keep it. A snapshot being written in the background stops before its file.
 pub fn forget(dir: &Path) {
-    STORES.lock().unwrap_or_else(|e| e.into_inner()).remove(dir);
+    if let Some(s) = STORES.lock().unwrap_or_else(|e| e.into_inner()).remove(dir) {
+        s.dropped.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// A view's `retention`: a batch removes the rows that were final `keep_us` before its
@@ -377,6 +379,10 @@ pub struct ViewStore {
     current: RwLock<Arc<Snapshot>>,
     /// One batch at a time; holds the batches logged since the last snapshot.
     writer: tokio::sync::Mutex<u64>,
+    /// The snapshot being written in the background, if any.
+    snapshotting: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Set by `DROP MATERIALIZED VIEW`: no more snapshots.
+    dropped: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for ViewStore {
@@ -434,6 +440,8 @@ impl ViewStore {
                 scanned: Arc::default(),
             })),
             writer: tokio::sync::Mutex::new(0),
+            snapshotting: Mutex::new(None),
+            dropped: std::sync::atomic::AtomicBool::new(false),
         };
         remove_temp_files(&log_dir(dir));
         remove_temp_files(&snapshot_dir(dir));
@@ -628,9 +636,11 @@ impl ViewStore {
     }
 
     /// Commits batch `batch` written at `watermark_ms`: its log file, then the new
-    /// snapshot. A batch the view already holds is skipped.
+    /// snapshot. A batch the view already holds is skipped. Every [`SNAPSHOT_EVERY`]
+    /// batches the contents are written as a snapshot in the background, off the commit
+    /// path (one at a time; a batch that finds one still running leaves it to the next).
     pub async fn commit(
-        &self,
+        self: &Arc<Self>,
         batch: BatchId,
         rows: Vec<RecordBatch>,
         watermark_ms: i64,
@@ -660,8 +670,10 @@ impl ViewStore {
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = next.clone();
         *logged += 1;
         // Complete mode's log file holds the whole view: the older ones are garbage.
-        if self.output.mode == WriteMode::Overwrite || *logged >= SNAPSHOT_EVERY {
+        if self.output.mode == WriteMode::Overwrite {
             self.write_snapshot(next, watermark_ms).await?;
+            *logged = 0;
+        } else if *logged >= SNAPSHOT_EVERY && self.start_snapshot(next, watermark_ms) {
             *logged = 0;
         }
         Ok(SinkCommit::Committed {
@@ -669,11 +681,42 @@ impl ViewStore {
         })
     }
 
+    /// Starts writing `snap` in the background, unless a snapshot is being written.
+    fn start_snapshot(self: &Arc<Self>, snap: Arc<Snapshot>, watermark_ms: i64) -> bool {
+        let mut running = self.snapshotting.lock().unwrap_or_else(|e| e.into_inner());
+        if running.as_ref().is_some_and(|h| !h.is_finished()) {
+            return false;
+        }
+        let store = self.clone();
+        *running = Some(tokio::spawn(async move {
+            if let Err(e) = store.write_snapshot(snap, watermark_ms).await {
+                // The log still holds every batch: the view loses nothing.
+                tracing::warn!(view = %store.dir.display(), error = %e, "view snapshot failed");
+            }
+        }));
+        true
+    }
+
+    /// Waits for the snapshot being written in the background, if any.
+    pub async fn settle(&self) {
+        let running = self
+            .snapshotting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(h) = running {
+            let _ = h.await;
+        }
+    }
+
     /// Writes `snap` whole, then removes the log files and snapshots it covers.
     async fn write_snapshot(&self, snap: Arc<Snapshot>, watermark_ms: i64) -> Result<()> {
         let Some(batch) = snap.batch else {
             return Ok(());
         };
+        if self.dropped.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(());
+        }
         let dir = self.dir.clone();
         let schema = self.output.schema.clone();
         let rows = if self.output.mode == WriteMode::Overwrite {
@@ -1119,7 +1162,7 @@ mod tests {
     #[tokio::test]
     async fn snapshots_replace_the_log_they_cover() {
         let dir = tempfile::tempdir().unwrap();
-        let store = ViewStore::load(dir.path(), merge(), None).unwrap();
+        let store = Arc::new(ViewStore::load(dir.path(), merge(), None).unwrap());
         let mut want = std::collections::BTreeMap::new();
         for b in 0..SNAPSHOT_EVERY + 5 {
             let page = format!("/p{}", b % 7);
@@ -1129,6 +1172,7 @@ mod tests {
                 .unwrap();
             want.insert(page, b as i64);
         }
+        store.settle().await;
         let logs = fsutil::numbered(&log_dir(dir.path()), ".arrow").unwrap();
         let snaps = fsutil::numbered(&snapshot_dir(dir.path()), ".arrow").unwrap();
         assert_eq!(snaps, vec![SNAPSHOT_EVERY - 1]);
