@@ -176,56 +176,45 @@ async fn extended_protocol_types_errors_and_psql() {
         );
         eprintln!("psql is not installed: skipping the psql part (.ci/run installs it)");
     }
-    // SQLAlchemy's inspector (over psycopg 3) finds the view and its columns.
-    let has_sqlalchemy = std::process::Command::new("python3")
-        .args(["-c", "import sqlalchemy, psycopg"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if has_sqlalchemy {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/sqlalchemy_check.py");
-        let out = std::process::Command::new("python3")
-            .arg(script)
-            .arg(server.port.to_string())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "SQLAlchemy check failed:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    } else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "SQLAlchemy is not installed: CI must install it (.ci/run does)"
-        );
-        eprintln!("SQLAlchemy is not installed: skipping its part (.ci/run installs it)");
-    }
-    // psycopg 3 (extended protocol, transactions, binary results), when installed.
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/psycopg_check.py");
-    let has_psycopg = std::process::Command::new("python3")
-        .args(["-c", "import psycopg"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if has_psycopg {
-        let out = std::process::Command::new("python3")
-            .arg(script)
-            .arg(server.port.to_string())
-            .arg(&landing)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "psycopg check failed:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    } else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "psycopg is not installed: CI must install it (.ci/run does)"
-        );
-        eprintln!("psycopg is not installed: skipping the psycopg part (.ci/run installs it)");
-    }
+    // SQLAlchemy's inspector (over psycopg 3) finds the view among the tables.
+    let port = server.port.to_string();
+    python_check(
+        "SQLAlchemy",
+        "sqlalchemy, psycopg",
+        "sqlalchemy_check.py",
+        &[&port],
+    );
+    // psycopg 3 (extended protocol, transactions, binary results).
+    let landing = landing.to_string_lossy();
+    python_check("psycopg", "psycopg", "psycopg_check.py", &[&port, &landing]);
     server.stop().await;
+}
+
+/// Runs `tests/it/<script>` with `args` and asserts that it succeeds, when python3 can
+/// import `modules`; without them the check is skipped, except in CI, where it fails.
+fn python_check(client: &str, modules: &str, script: &str, args: &[&str]) {
+    let installed = std::process::Command::new("python3")
+        .args(["-c", &format!("import {modules}")])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !installed {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{client} is not installed: CI must install it (.ci/run does)"
+        );
+        eprintln!("{client} is not installed: skipping its part (.ci/run installs it)");
+        return;
+    }
+    let path = format!("{}/tests/it/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new("python3")
+        .arg(path)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{client} check failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
