@@ -122,17 +122,26 @@ def event_time(start):
 
 
 def writer(port, rate, start, stop, users, counts):
-    """RATE rows/s as a COPY of RATE/100 rows every 10 ms, until `stop` is set. Runs in its
-    own process, so that the measuring thread does not share an interpreter with it."""
+    """RATE rows/s as a COPY of RATE/100 rows every 10 ms, until `stop` is set, for random
+    users of USERS (drawn once: 65,536 of them, cycled). Runs in its own process, so that
+    the measuring thread does not share an interpreter with it."""
     conn = psycopg.connect(f"host=127.0.0.1 port={port} user=bench dbname=bench",
                            autocommit=True)
     per = max(1, rate // 100)
     rnd = random.Random(3)
+    # COPY's text format, built as text: the generator must cost the machine little.
+    users_of = [f"u{rnd.randrange(users)}\t{rnd.choice(PAGES)}\t" for _ in range(65_536)]
+    durations = [f"\t{rnd.random() * 60:.3f}\n" for _ in range(4_096)]
     tick = time.time()
+    i = 0
     while not stop.is_set():
-        t = event_time(start)
-        copy_rows(conn, [(f"u{rnd.randrange(users)}", rnd.choice(PAGES), t, rnd.random() * 60)
-                         for _ in range(per)])
+        t = event_time(start).isoformat(sep=" ")
+        lines = [users_of[(i + j) % 65_536] + t + durations[(i + j) % 4_096]
+                 for j in range(per)]
+        i += per
+        with conn.cursor() as cur:
+            with cur.copy("COPY clicks FROM STDIN") as copy:
+                copy.write("".join(lines))
         with counts.get_lock():
             counts.value += per
         tick += 0.01

@@ -17,7 +17,9 @@
 //! `ExecutionPlan`s with `DisplayAs`: [`EventTimeWatermarkExec`] and
 //! [`StatefulAggregateExec`], which runs the operator (a [`StatefulOperator`]) over its
 //! input's rows of the batch and emits what the output mode says. `EXPLAIN CREATE SINK`
-//! renders this plan. A batch is then: fill the tables, plan, execute, read the counters.
+//! renders this plan. A batch is then: fill the tables, plan (the first batch; the next ones
+//! reset and rerun its physical plan, unless the query calls a function such as `now()`),
+//! execute, read the counters.
 
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
@@ -32,7 +34,6 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, DFSchemaRef, DataFusionError, TableReference};
-use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::datasource::{TableProvider, TableType};
 use datafusion::execution::context::QueryPlanner;
 use datafusion::execution::session_state::SessionStateBuilder;
@@ -69,24 +70,39 @@ fn external(e: Error) -> DataFusionError {
     DataFusionError::External(Box::new(e))
 }
 
-/// A stream as one query reads it: the rows of the current batch, swapped per batch.
+/// A stream's rows of the current batch, in partitions, swapped per batch.
+type BatchRows = Arc<RwLock<Vec<Vec<RecordBatch>>>>;
+
+/// A stream as one query reads it: the rows of the current batch, swapped per batch. Its
+/// scan reads the rows when it runs, not when it is planned, so a physical plan serves
+/// batch after batch.
 #[derive(Debug)]
 pub struct BatchTable {
     schema: SchemaRef,
-    partitions: RwLock<Vec<Vec<RecordBatch>>>,
+    /// How many partitions a scan has: batches fill at most this many.
+    partitions: usize,
+    rows: BatchRows,
 }
 
 impl BatchTable {
-    pub fn new(schema: SchemaRef) -> BatchTable {
+    pub fn new(schema: SchemaRef, partitions: usize) -> BatchTable {
         BatchTable {
             schema,
-            partitions: RwLock::new(vec![vec![]]),
+            partitions: partitions.max(1),
+            rows: Arc::new(RwLock::new(vec![vec![]])),
         }
     }
 
-    /// The rows the next execution reads.
-    pub fn set(&self, partitions: Vec<Vec<RecordBatch>>) {
-        *self.partitions.write().unwrap_or_else(|e| e.into_inner()) = partitions;
+    /// The rows the next execution reads (at most `partitions` partitions; more are
+    /// dealt into them).
+    pub fn set(&self, mut partitions: Vec<Vec<RecordBatch>>) {
+        if partitions.len() > self.partitions {
+            let extra = partitions.split_off(self.partitions);
+            for (i, p) in extra.into_iter().enumerate() {
+                partitions[i % self.partitions].extend(p);
+            }
+        }
+        *self.rows.write().unwrap_or_else(|e| e.into_inner()) = partitions;
     }
 }
 
@@ -107,16 +123,98 @@ impl TableProvider for BatchTable {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let parts = self
-            .partitions
+        let schema = match projection {
+            Some(p) => Arc::new(self.schema.project(p)?),
+            None => self.schema.clone(),
+        };
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(schema.clone()),
+            Partitioning::UnknownPartitioning(self.partitions),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        Ok(Arc::new(BatchScanExec {
+            rows: self.rows.clone(),
+            projection: projection.cloned(),
+            schema,
+            properties,
+        }))
+    }
+}
+
+/// The scan of a [`BatchTable`]: partition `p` of the batch the table holds when it runs.
+#[derive(Debug)]
+struct BatchScanExec {
+    rows: BatchRows,
+    projection: Option<Vec<usize>>,
+    schema: SchemaRef,
+    properties: Arc<PlanProperties>,
+}
+
+impl DisplayAs for BatchScanExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "BatchScanExec: projection={:?}", self.projection)
+    }
+}
+
+impl ExecutionPlan for BatchScanExec {
+    fn name(&self) -> &str {
+        "BatchScanExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        _children: Vec<Arc<dyn ExecutionPlan>>,
+        _options: ReplaceChildrenOptions,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        _context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let rows = self
+            .rows
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        Ok(MemorySourceConfig::try_new_exec(
-            &parts,
+            .get(partition)
+            .cloned()
+            .unwrap_or_default();
+        let rows = rows
+            .into_iter()
+            .map(|b| match &self.projection {
+                Some(p) => b.project(p).map_err(DataFusionError::from),
+                None => Ok(b),
+            })
+            .collect::<Vec<_>>();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.schema.clone(),
-            projection.cloned(),
-        )?)
+            futures::stream::iter(rows),
+        )))
     }
 }
 
@@ -660,6 +758,46 @@ pub struct StreamingPlan {
     pub output_time: Option<RowTime>,
     ctx: SessionContext,
     runtime: Arc<BatchRuntime>,
+    /// The physical plan, made by the first batch and reset for each next one, when the
+    /// plan calls no function whose value may change between batches (`now()`, `random()`):
+    /// its scans read each batch's rows when they run.
+    physical: Mutex<Option<Arc<dyn ExecutionPlan>>>,
+    reusable: bool,
+}
+
+/// Whether every function `plan` calls is immutable: planning it again would give the same
+/// physical plan.
+fn only_immutable_functions(plan: &LogicalPlan) -> bool {
+    use datafusion::logical_expr::Volatility;
+    let mut immutable = true;
+    let _ = plan.apply(|node| {
+        node.apply_expressions(|e| {
+            e.apply(|e| {
+                let volatility = match e {
+                    Expr::ScalarFunction(f) => Some(f.func.signature().volatility),
+                    Expr::AggregateFunction(f) => Some(f.func.signature().volatility),
+                    _ => None,
+                };
+                if volatility.is_some_and(|v| v != Volatility::Immutable) {
+                    immutable = false;
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+        })?;
+        node.apply_subqueries(|sub| {
+            if !only_immutable_functions(sub) {
+                immutable = false;
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        Ok(if immutable {
+            TreeNodeRecursion::Continue
+        } else {
+            TreeNodeRecursion::Stop
+        })
+    });
+    immutable
 }
 
 /// The context a query plans in: UTC, the window functions, the streaming planner.
@@ -1007,7 +1145,7 @@ impl StreamingPlan {
         let ctx = streaming_context(runtime.clone(), partitions);
         let mut tables = Vec::with_capacity(sources.len());
         for s in &sources {
-            let table = Arc::new(BatchTable::new(s.schema.clone()));
+            let table = Arc::new(BatchTable::new(s.schema.clone(), partitions));
             ctx.register_table(TableReference::bare(s.name.clone()), table.clone())?;
             tables.push(table);
         }
@@ -1034,6 +1172,7 @@ impl StreamingPlan {
             }
             None => stateless_output_time(&plan),
         };
+        let reusable = only_immutable_functions(&plan);
         Ok(StreamingPlan {
             plan,
             sources,
@@ -1044,6 +1183,8 @@ impl StreamingPlan {
             output_time,
             ctx,
             runtime,
+            physical: Mutex::new(None),
+            reusable,
         })
     }
 
@@ -1124,12 +1265,22 @@ impl StreamingPlan {
         }
     }
 
-    /// Plans and runs one batch: `(WM_late, WM_evict)` in microseconds. Returns the rows,
-    /// the planning time, each watermark node's statistics and each operator's counters.
+    /// Plans (or reuses the plan of the previous batch) and runs one batch: `(WM_late,
+    /// WM_evict)` in microseconds. Returns the rows, the planning time, each watermark node's statistics and each operator's counters.
     pub async fn execute(&self, late_us: i64, evict_us: i64) -> Result<BatchOutput> {
         self.runtime.begin(late_us, evict_us, self.watermarks.len());
         let t = std::time::Instant::now();
-        let physical = self.ctx.state().create_physical_plan(&self.plan).await?;
+        let cached = lock(&self.physical).clone();
+        let physical = match cached {
+            Some(p) => datafusion::physical_plan::execution_plan::reset_plan_states(p)?,
+            None => {
+                let p = self.ctx.state().create_physical_plan(&self.plan).await?;
+                if self.reusable {
+                    *lock(&self.physical) = Some(p.clone());
+                }
+                p
+            }
+        };
         let planning = t.elapsed();
         let rows = datafusion::physical_plan::collect(physical, self.ctx.task_ctx()).await?;
         let stats = std::mem::take(&mut *lock(&self.runtime.stats));
@@ -1209,6 +1360,23 @@ pub fn advance_watermark(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_plan_is_reused_only_when_its_functions_are_immutable() {
+        let ctx = SessionContext::new();
+        let plan = |sql: &'static str| {
+            let ctx = ctx.clone();
+            async move { ctx.sql(sql).await.unwrap().into_unoptimized_plan() }
+        };
+        assert!(only_immutable_functions(&plan("SELECT abs(-1) + 1").await));
+        assert!(!only_immutable_functions(&plan("SELECT now()").await));
+        assert!(!only_immutable_functions(
+            &plan("SELECT random() AS r").await
+        ));
+        assert!(!only_immutable_functions(
+            &plan("SELECT 1 WHERE 1 IN (SELECT CAST(random() AS INT))").await
+        ));
+    }
 
     #[test]
     fn min_policy_waits_for_every_watermarked_input() {

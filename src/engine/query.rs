@@ -681,6 +681,8 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
             _ => None,
         };
         let mut durations: BTreeMap<String, u64> = BTreeMap::new();
+        let mut phases = Phases::new(trigger_start);
+        let mut wal: Option<WalWrite> = None;
         let batch = match pending.take() {
             Some(p) => Some(p),
             None => {
@@ -693,9 +695,9 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                     latest.push(l.or_else(|| committed_end[i].clone()));
                 }
                 durations.insert("latestOffset".into(), t.elapsed().as_millis() as u64);
+                phases.mark("latestOffset");
                 let has_data = latest.iter().any(Option::is_some) && latest != committed_end;
                 if (has_data || no_data_due) && latest.iter().any(Option::is_some) {
-                    let t = Instant::now();
                     let seq = OffsetSeq {
                         metadata: OffsetMetadata {
                             batch_watermark_ms: global_wm,
@@ -713,10 +715,17 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                         },
                         offsets: latest.clone(),
                     };
-                    runner.ckpt.write_offsets(next_batch, &seq)?;
-                    crate::testing::crash_point("after_offsets_write");
-                    runner.ckpt.purge(next_batch);
-                    durations.insert("walCommit".into(), t.elapsed().as_millis() as u64);
+                    // Written while the batch reads and runs; awaited before anything
+                    // of the batch is committed or shown (`run_batch`).
+                    let ckpt = runner.ckpt.clone();
+                    let id = next_batch;
+                    wal = Some(tokio::task::spawn_blocking(move || {
+                        let t = Instant::now();
+                        ckpt.write_offsets(id, &seq)?;
+                        crate::testing::crash_point("after_offsets_write");
+                        ckpt.purge(id);
+                        Ok(t.elapsed())
+                    }));
                     Some(PlannedBatch {
                         id: next_batch,
                         start: committed_end.clone(),
@@ -742,7 +751,9 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                 wait(&mut task.stop, &task.wake, &mut arrivals, wait_until).await;
             }
             Some(b) => {
-                let stats = runner.run_batch(&b, &mut durations).await?;
+                let stats = runner
+                    .run_batch(&b, wal, &mut durations, &mut phases)
+                    .await?;
                 // The watermark moves at the end of the batch (spec §2.2).
                 let candidates: Vec<Option<i64>> = runner
                     .plan
@@ -760,13 +771,16 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                     },
                 )?;
                 durations.insert("commitOffsets".into(), t.elapsed().as_millis() as u64);
+                phases.mark("commitLog");
                 crate::testing::crash_point("after_commit_log");
                 for (source, end) in runner.sources.iter_mut().zip(&b.end) {
                     if let Some(end) = end {
                         source.commit(end).await?;
                     }
                 }
+                phases.mark("sourceCommit");
                 runner.plan.for_each_operator(|_, op| op.maintain()).await?;
+                phases.mark("maintain");
                 let elapsed = trigger_start.elapsed();
                 durations.insert("triggerExecution".into(), elapsed.as_millis() as u64);
                 runner.report(
@@ -777,6 +791,8 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                     stats,
                     durations,
                 );
+                phases.mark("report");
+                tracing::debug!(sink = %runner.def.name, batch = b.id.get(), phases = %phases, "batch phases");
                 prev_trigger_start = Some(trigger_start);
                 committed_end = b.end.clone();
                 next_batch = b.id.next();
@@ -790,6 +806,47 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                 }
             }
         }
+    }
+}
+
+/// The offsets log's write of a planned batch, under way; its duration when done.
+type WalWrite = tokio::task::JoinHandle<Result<Duration>>;
+
+/// Where a trigger's time went, phase by phase, in microseconds: logged at debug level
+/// (`RUST_LOG=tidemark::engine::query=debug`), finer than the progress's milliseconds.
+struct Phases {
+    last: Instant,
+    marks: Vec<(&'static str, u128)>,
+}
+
+impl Phases {
+    fn new(start: Instant) -> Phases {
+        Phases {
+            last: start,
+            marks: Vec::new(),
+        }
+    }
+
+    /// Records a part of the last phase, measured by its owner.
+    fn note(&mut self, name: &'static str, d: Duration) {
+        self.marks.push((name, d.as_micros()));
+    }
+
+    /// Ends phase `name` now.
+    fn mark(&mut self, name: &'static str) {
+        let now = Instant::now();
+        self.marks
+            .push((name, now.duration_since(self.last).as_micros()));
+        self.last = now;
+    }
+}
+
+impl std::fmt::Display for Phases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (name, us)) in self.marks.iter().enumerate() {
+            write!(f, "{}{name}={us}us", if i > 0 { " " } else { "" })?;
+        }
+        Ok(())
     }
 }
 
@@ -833,7 +890,9 @@ impl Runner {
     async fn run_batch(
         &mut self,
         b: &PlannedBatch,
+        wal: Option<WalWrite>,
         durations: &mut BTreeMap<String, u64>,
+        phases: &mut Phases,
     ) -> Result<BatchStats> {
         let mut stats = BatchStats::default();
         let t = Instant::now();
@@ -853,6 +912,7 @@ impl Runner {
             self.plan.set_rows(i, partition(input, parallelism()));
         }
         durations.insert("getBatch".into(), t.elapsed().as_millis() as u64);
+        phases.mark("getBatch");
 
         let t = Instant::now();
         let output = self
@@ -863,8 +923,20 @@ impl Runner {
         for i in 0..self.sources.len() {
             self.plan.set_rows(i, vec![vec![]]);
         }
+        // The batch is decided once its offsets are durable: only then may its state and
+        // rows be committed or shown. Awaited even when the run failed, so that a restart
+        // never races the write.
+        if let Some(wal) = wal {
+            let took = wal
+                .await
+                .map_err(|e| Error::Internal(format!("offsets log writer: {e}")))??;
+            durations.insert("walCommit".into(), took.as_millis() as u64);
+            phases.note("walCommit", took);
+        }
         let output = output?;
         durations.insert("queryPlanning".into(), output.planning.as_millis() as u64);
+        phases.mark("planAndExecute");
+        phases.note("ofWhichPlanning", output.planning);
         stats.event_time = output.stats;
         // Batch N commits state version N + 1, while the sink writes.
         let state_commit = self.plan.commit_operators(b.id.committed_state_version());
@@ -914,6 +986,7 @@ impl Runner {
             }
         }
         crate::testing::crash_point("after_sink_commit");
+        phases.mark("stateAndSinkCommit");
         durations.insert("addBatch".into(), t.elapsed().as_millis() as u64);
         Ok(stats)
     }

@@ -1,6 +1,6 @@
 //! Materialized views (`CREATE MATERIALIZED VIEW`): a streaming query's result kept in
 //! memory, indexed by its group key, durable through a log of its batches, and read as a
-//! table as of one committed batch.
+//! table as of one whole batch.
 //!
 //! What a batch does to the view follows what the query writes ([`QueryOutput`]): a query
 //! that selects its whole group key is kept *keyed*, one row per key, each batch's rows
@@ -10,17 +10,21 @@
 //! With a [`Retention`], a batch then removes the rows that were final long enough before
 //! its watermark.
 //!
-//! Durability: a batch's rows are first written whole to `<dir>/log/<batch>.arrow` (Arrow
-//! IPC, atomically, with the batch's watermark in its metadata): that file is the batch's
-//! commit, so a batch replayed after a crash finds it and changes nothing. Every
-//! [`SNAPSHOT_EVERY`] batches the contents are written to `<dir>/snapshot/<batch>.arrow`
-//! and the log files it covers are removed; opening a view reads its newest snapshot and
-//! applies the log files after it, never the streams' raw rows.
+//! Durability: a batch's rows are applied and shown, then written whole to
+//! `<dir>/log/<batch>.arrow` (Arrow IPC, atomically, with the batch's watermark in its
+//! metadata): that file is the batch's commit, so a batch replayed after a crash finds it
+//! and changes nothing. Showing a batch before its file is safe because the engine hands
+//! the view a batch only once the batch's offsets are in the checkpoint's write-ahead log
+//! and its input is durable: a crash replays exactly that batch, so no reader ever sees a
+//! row that a restart loses. Every [`SNAPSHOT_EVERY`] batches the contents are written to
+//! `<dir>/snapshot/<batch>.arrow` and the log files it covers are removed; opening a view
+//! reads its newest snapshot and applies the log files after it, never the streams' raw
+//! rows.
 //!
 //! Reads: the contents are persistent maps and vectors (`imbl`), so a batch builds the next
 //! [`Snapshot`] sharing all but what it changed, and swaps it in. A reader takes the
 //! current snapshot (an `Arc` clone under a lock held for nothing else): it sees one
-//! committed batch, never blocks the writer and is never blocked by it. A keyed view's map
+//! whole batch, never blocks the writer and is never blocked by it. A keyed view's map
 //! is ordered by its key in Arrow's row format, time columns first: a filter that fixes the
 //! whole key is answered by lookups, one that bounds the first key column (a window's
 //! start) by a range of the map.
@@ -377,8 +381,8 @@ pub struct ViewStore {
     retention: Option<Retention>,
     codec: Option<KeyCodec>,
     current: RwLock<Arc<Snapshot>>,
-    /// One batch at a time; holds the batches logged since the last snapshot.
-    writer: tokio::sync::Mutex<u64>,
+    /// One batch at a time.
+    writer: tokio::sync::Mutex<LogState>,
     /// The snapshot being written in the background, if any.
     snapshotting: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Set by `DROP MATERIALIZED VIEW`: no more snapshots.
@@ -392,6 +396,16 @@ impl fmt::Debug for ViewStore {
             .field("mode", &self.output.mode)
             .finish()
     }
+}
+
+/// What the writer knows of the view's files.
+#[derive(Default)]
+struct LogState {
+    /// The last batch whose log file (or snapshot) is written: the view's durable point,
+    /// which the shown snapshot may be one batch ahead of.
+    logged: Option<BatchId>,
+    /// Batches logged since the last snapshot.
+    since_snapshot: u64,
 }
 
 fn log_dir(dir: &Path) -> PathBuf {
@@ -439,7 +453,7 @@ impl ViewStore {
                 contents: Contents::Rows(imbl::Vector::new()),
                 scanned: Arc::default(),
             })),
-            writer: tokio::sync::Mutex::new(0),
+            writer: tokio::sync::Mutex::new(LogState::default()),
             snapshotting: Mutex::new(None),
             dropped: std::sync::atomic::AtomicBool::new(false),
         };
@@ -460,8 +474,18 @@ impl ViewStore {
             snap = store.apply(&snap, BatchId(n), rows, wm)?;
             logged += 1;
         }
+        let durable = snap.batch;
         *store.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(snap);
-        store.writer.try_lock().map(|mut l| *l = logged).ok();
+        store
+            .writer
+            .try_lock()
+            .map(|mut w| {
+                *w = LogState {
+                    logged: durable,
+                    since_snapshot: logged,
+                }
+            })
+            .ok();
         Ok(store)
     }
 
@@ -635,8 +659,8 @@ impl ViewStore {
         )
     }
 
-    /// Commits batch `batch` written at `watermark_ms`: its log file, then the new
-    /// snapshot. A batch the view already holds is skipped. Every [`SNAPSHOT_EVERY`]
+    /// Commits batch `batch` written at `watermark_ms`: shows the new snapshot, then
+    /// writes its log file. A batch the view has logged is skipped. Every [`SNAPSHOT_EVERY`]
     /// batches the contents are written as a snapshot in the background, off the commit
     /// path (one at a time; a batch that finds one still running leaves it to the next).
     pub async fn commit(
@@ -645,14 +669,25 @@ impl ViewStore {
         rows: Vec<RecordBatch>,
         watermark_ms: i64,
     ) -> Result<SinkCommit> {
-        let mut logged = self.writer.lock().await;
-        let base = self.snapshot();
-        if base.batch.is_some_and(|b| b >= batch) {
+        let mut writer = self.writer.lock().await;
+        if writer.logged.is_some_and(|b| b >= batch) {
             return Ok(SinkCommit::AlreadyCommitted);
         }
+        let base = self.snapshot();
+        // Shown first, logged second: the batch's offsets are already in the write-ahead
+        // log and its input is durable, so a crash before the log file replays exactly
+        // this batch and a reader can never have seen a row that a restart loses. A
+        // batch shown before a failure stopped its log write is only logged.
+        let next = if base.batch.is_some_and(|b| b >= batch) {
+            base
+        } else {
+            let next = Arc::new(self.apply(&base, batch, rows.clone(), watermark_ms)?);
+            *self.current.write().unwrap_or_else(|e| e.into_inner()) = next.clone();
+            next
+        };
         let dir = self.dir.clone();
         let schema = self.output.schema.clone();
-        let rows = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             let file = numbered_file(&log_dir(&dir), batch.get());
             Self::write_rows(
                 &file,
@@ -661,20 +696,19 @@ impl ViewStore {
                 watermark_ms,
                 "view_log_before_rename",
             )
-            .map(|()| rows)
         })
         .await
         .map_err(|e| Error::Internal(format!("view log writer: {e}")))??;
         crate::testing::crash_point("view_after_log");
-        let next = Arc::new(self.apply(&base, batch, rows, watermark_ms)?);
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = next.clone();
-        *logged += 1;
+        writer.logged = Some(batch);
+        writer.since_snapshot += 1;
         // Complete mode's log file holds the whole view: the older ones are garbage.
         if self.output.mode == WriteMode::Overwrite {
             self.write_snapshot(next, watermark_ms).await?;
-            *logged = 0;
-        } else if *logged >= SNAPSHOT_EVERY && self.start_snapshot(next, watermark_ms) {
-            *logged = 0;
+            writer.since_snapshot = 0;
+        } else if writer.since_snapshot >= SNAPSHOT_EVERY && self.start_snapshot(next, watermark_ms)
+        {
+            writer.since_snapshot = 0;
         }
         Ok(SinkCommit::Committed {
             version: batch.get() as i64,
@@ -1220,6 +1254,47 @@ mod tests {
             fsutil::numbered(&log_dir(&dir.path().join("c")), ".arrow").unwrap(),
             vec![2]
         );
+    }
+
+    #[tokio::test]
+    async fn a_batch_is_shown_before_its_log_file_and_a_replay_only_logs_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("a");
+        let store = Arc::new(ViewStore::load(&root, output(WriteMode::Append), None).unwrap());
+        store
+            .commit(BatchId(0), vec![batch(&[("/a", 1)])], 0)
+            .await
+            .unwrap();
+        // The log directory replaced by a file: batch 1's log write fails after the batch
+        // is shown.
+        std::fs::rename(log_dir(&root), root.join("moved")).unwrap();
+        std::fs::write(log_dir(&root), b"").unwrap();
+        let shown = pairs(&[("/a", 1), ("/b", 2)]);
+        assert!(
+            store
+                .commit(BatchId(1), vec![batch(&[("/b", 2)])], 0)
+                .await
+                .is_err()
+        );
+        assert_eq!(rows_of(&store, "SELECT * FROM v").await, shown);
+        // The replay of batch 1 (same rows) writes its log file and adds nothing.
+        std::fs::remove_file(log_dir(&root)).unwrap();
+        std::fs::rename(root.join("moved"), log_dir(&root)).unwrap();
+        let replay = store
+            .commit(BatchId(1), vec![batch(&[("/b", 2)])], 0)
+            .await
+            .unwrap();
+        assert!(matches!(replay, SinkCommit::Committed { .. }));
+        assert_eq!(rows_of(&store, "SELECT * FROM v").await, shown);
+        assert!(matches!(
+            store
+                .commit(BatchId(1), vec![batch(&[("/b", 2)])], 0)
+                .await
+                .unwrap(),
+            SinkCommit::AlreadyCommitted
+        ));
+        let reopened = Arc::new(ViewStore::load(&root, output(WriteMode::Append), None).unwrap());
+        assert_eq!(rows_of(&reopened, "SELECT * FROM v").await, shown);
     }
 
     /// Windows of five minutes by page: `(start minute, page, views)`.
