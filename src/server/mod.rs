@@ -44,6 +44,7 @@ use tokio::net::TcpListener;
 mod catalog;
 mod copy;
 mod insert;
+mod rewrite;
 
 use crate::engine::{Engine, Output};
 use crate::error::{Error, classify_datafusion, parser_message, strip_datafusion_prefix};
@@ -271,6 +272,8 @@ impl SimpleQueryHandler for TidemarkService {
     {
         let pieces = split(query);
         if pieces.iter().all(|p| matches!(p, Piece::Other(_))) {
+            let rewritten = rewrite::rewrite_catalog_query(query);
+            let query = rewritten.as_deref().unwrap_or(query);
             return SimpleQueryHandler::do_query(self.inner.as_ref(), client, query)
                 .await
                 .map_err(classify_pg_error);
@@ -373,6 +376,8 @@ impl QueryParser for TidemarkParser {
             parse_tidemark(text).map_err(|e| to_pg_error(&e))?;
             return Ok(Some((text.clone(), None)));
         }
+        let rewritten = rewrite::rewrite_catalog_query(sql);
+        let sql = rewritten.as_deref().unwrap_or(sql);
         self.inner
             .parse_sql(client, sql, types)
             .await

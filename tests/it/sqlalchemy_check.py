@@ -1,9 +1,8 @@
 """SQLAlchemy 2 (over psycopg 3) against a running tidemark: it connects (psycopg's type
 lookup, savepoints), its inspector finds the materialized view `page_views` made by
-tests/it/wire.rs apart from the tables, and the view reads as a table.
-
-Not yet: `get_columns` (its query has correlated scalar subqueries inside CASE, which
-DataFusion does not plan).
+tests/it/wire.rs apart from the tables, reflects the columns of the view and of the
+stream `clicks` (names, types, nullability, no defaults: checked against the server's own
+`information_schema.columns` and `pg_attribute`), and the view reads as a table.
 
 Usage: python3 sqlalchemy_check.py PORT   (run by tests/it/wire.rs)
 """
@@ -21,4 +20,27 @@ assert "clicks" in insp.get_table_names(), insp.get_table_names()
 with engine.connect() as conn:
     rows = conn.execute(text("SELECT page, views FROM page_views")).all()
     assert [tuple(r) for r in rows] == [("/home", 1)], rows
+    # The NULL defaults, identities and collations below are right only if the catalog
+    # says no column has one.
+    flags = conn.execute(text(
+        "SELECT count(*) FROM pg_catalog.pg_attribute "
+        "WHERE atthasdef OR attidentity <> '' OR attcollation <> 0")).scalar()
+    assert flags == 0, flags
+    # The types as the CREATE statements in tests/it/wire.rs declare them.
+    declared = {
+        "page_views": ["TEXT", "BIGINT"],
+        "clicks": ["TEXT", "TEXT", "TIMESTAMP", "DOUBLE PRECISION"],
+    }
+    for table in ["page_views", "clicks"]:
+        expected = conn.execute(text(
+            "SELECT column_name, data_type, is_nullable FROM information_schema.columns "
+            "WHERE table_name = :t ORDER BY ordinal_position"), {"t": table}).all()
+        assert expected, table
+        cols = insp.get_columns(table)
+        got = [(c["name"], str(c["type"]), c["nullable"], c["default"]) for c in cols]
+        assert [g[0] for g in got] == [e[0] for e in expected], (got, expected)
+        assert [g[2] for g in got] == [e[2] == "YES" for e in expected], (got, expected)
+        assert all(g[3] is None for g in got), got
+        assert [g[1] for g in got] == declared[table], got
+        print(table, got)
 print("sqlalchemy ok")
