@@ -209,7 +209,7 @@ impl Checkpoint {
         Ok(())
     }
 
-    /// Deletes log entries older than the retention window, once batch `n` is planned.
+    /// Deletes log entries older than the retention window, once batch `n` is committed.
     pub fn purge(&self, n: BatchId) {
         if n.get() <= MIN_BATCHES_TO_RETAIN {
             return;

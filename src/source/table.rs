@@ -120,6 +120,8 @@ struct LogState {
     end: u64,
     /// The committed offset of each query reading the stream.
     readers: BTreeMap<String, u64>,
+    /// The offset each reader's file holds (`readers/<query>`), at most its committed one.
+    readers_written: BTreeMap<String, u64>,
 }
 
 struct Append {
@@ -276,7 +278,8 @@ impl TableLog {
             if let Ok(text) = std::fs::read_to_string(e.path())
                 && let Ok(offset) = text.trim().parse::<u64>()
             {
-                state.readers.insert(reader, offset);
+                state.readers.insert(reader.clone(), offset);
+                state.readers_written.insert(reader, offset);
             }
         }
         let (end, _) = watch::channel(state.end);
@@ -405,14 +408,36 @@ impl TableLog {
 
     /// Query `reader` has committed everything before `offset`; removes what no query
     /// needs any more.
+    ///
+    /// The reader's file, which keeps segments for it across a restart, is rewritten only
+    /// when `offset` passes the start of a segment (it could then let that segment go),
+    /// not at every batch. It is not synced either: a file behind the reader's committed
+    /// offset only keeps more, and the query's checkpoint, not this file, says where it
+    /// reads from.
     pub fn commit(&self, reader: &str, offset: u64) -> Result<()> {
-        let file = readers_dir(&self.dir).join(reader);
-        // Not synced: a lost update only keeps more.
-        let tmp = readers_dir(&self.dir).join(format!(".{reader}.tmp"));
-        std::fs::write(&tmp, offset.to_string())
-            .and_then(|_| std::fs::rename(&tmp, &file))
-            .map_err(io(format!("writing {}", file.display())))?;
-        self.lock().readers.insert(reader.to_string(), offset);
+        let write = {
+            let s = self.lock();
+            match s.readers_written.get(reader) {
+                None => true,
+                Some(&written) => s
+                    .segments
+                    .iter()
+                    .any(|seg| seg.base > written && seg.base <= offset),
+            }
+        };
+        if write {
+            let file = readers_dir(&self.dir).join(reader);
+            let tmp = readers_dir(&self.dir).join(format!(".{reader}.tmp"));
+            std::fs::write(&tmp, offset.to_string())
+                .and_then(|_| std::fs::rename(&tmp, &file))
+                .map_err(io(format!("writing {}", file.display())))?;
+        }
+        let mut s = self.lock();
+        s.readers.insert(reader.to_string(), offset);
+        if write {
+            s.readers_written.insert(reader.to_string(), offset);
+        }
+        drop(s);
         self.remove_old_segments()
     }
 
@@ -432,7 +457,10 @@ impl TableLog {
     /// Query `reader` is gone (its sink was dropped).
     pub fn remove_reader(&self, reader: &str) -> Result<()> {
         let _ = std::fs::remove_file(readers_dir(&self.dir).join(reader));
-        self.lock().readers.remove(reader);
+        let mut s = self.lock();
+        s.readers.remove(reader);
+        s.readers_written.remove(reader);
+        drop(s);
         self.remove_old_segments()
     }
 
@@ -897,6 +925,21 @@ mod tests {
             log.append(rows(&log, i..i + 1)).await.unwrap();
         }
         assert_eq!(log.bounds(), (2, 3), "no reader, but retention expired");
+
+        // Within one segment a commit leaves the reader's file as it was: after a restart
+        // the reader looks behind, which only keeps more.
+        let dir = tempfile::tempdir().unwrap();
+        let log = TableLog::open("s", dir.path(), config(1 << 20, None)).unwrap();
+        log.append(rows(&log, 0..6)).await.unwrap();
+        log.add_reader("a").unwrap();
+        log.commit("a", 2).unwrap();
+        log.commit("a", 6).unwrap();
+        assert_eq!(log.lock().readers.get("a"), Some(&6));
+        log.close();
+        drop(log);
+        let log = TableLog::open("s", dir.path(), config(1 << 20, None)).unwrap();
+        assert_eq!(log.lock().readers.get("a"), Some(&0));
+        assert_eq!(values(&log, None, 6).await, (0..6).collect::<Vec<_>>());
     }
 
     #[tokio::test]
