@@ -6,6 +6,7 @@ REFRESH MATERIALIZED VIEW beside an incremental view (issue 11, item 5).
     python3 benches/views.py BIN reads [--groups 1000000] [--rate 50000] [--seconds 20]
                                        [--store memory|rocksdb]
     python3 benches/views.py BIN postgres [--rows 1000000] [--probes 20]
+    python3 benches/views.py BIN keys [--rows 1000000] [--probes 20]
 
 BIN is a release `tidemark` (built with --features rocksdb for --store rocksdb). Every
 run starts its own server on a free port with a fresh data directory under --work (default
@@ -34,6 +35,14 @@ postgres: the same ROWS clicks in a PostgreSQL table and in a Tidemark stream, a
   Tidemark view, 10 x PROBES probes each, back to back and paced one every 20 ms (as the
   freshness probe is). PostgreSQL (Debian's, /usr/lib/postgresql/*) runs as the
   `postgres` user in a scratch cluster on a free port, with fsync on.
+
+keys: the seed's windowed view with ROWS groups (ROWS / 1,000 five-minute windows of 1,000
+  pages each). Each filter is timed through the view's key order and, as the yardstick,
+  written so that no key column is compared directly (`page || '' = ...`, which scans
+  every row); both must give the same answer (count, sum, min and max over the rows kept,
+  one row back to the client). Reported: the query's round trip (p50) over PROBES runs of
+  each, on a view that does not change (a scan then reads the Arrow batches the first scan
+  decoded) and on one that changes before every query (each scan decodes every row).
 """
 import argparse
 import datetime as dt
@@ -50,7 +59,7 @@ import psycopg
 
 ap = argparse.ArgumentParser()
 ap.add_argument("bin")
-ap.add_argument("what", choices=["freshness", "reads", "postgres"])
+ap.add_argument("what", choices=["freshness", "reads", "postgres", "keys"])
 ap.add_argument("--rates", default="1000,50000")
 ap.add_argument("--rate", type=int, default=50_000)
 ap.add_argument("--seconds", type=int, default=20)
@@ -364,10 +373,73 @@ def postgres():
     print(f"both views hold the {pg_total - args.probes:,} loaded clicks, and their probes")
 
 
+def keys():
+    server = Server("keys")
+    conn = server.connect()
+    conn.execute(CLICKS)
+    pages = 1_000
+    windows = max(1, args.rows // pages)
+    t0 = time.time()
+    chunk = []
+    for w in range(windows):
+        t = (BASE + dt.timedelta(minutes=5 * w)).isoformat(sep=" ")
+        chunk.extend(f"u{w}\t/k{p}\t{t}\t1.0\n" for p in range(pages))
+        if len(chunk) >= 100_000 or w == windows - 1:
+            with conn.cursor() as cur:
+                with cur.copy("COPY clicks FROM STDIN") as copy:
+                    copy.write("".join(chunk))
+            chunk = []
+    conn.execute("""CREATE MATERIALIZED VIEW page_views WITH (max_rows_per_trigger = 100000) AS
+        SELECT window.start AS window_start, window.end AS window_end, page,
+               count(*) AS views, sum(duration_s) AS total_duration_s
+        FROM clicks GROUP BY window(event_time, '5 minutes'), page""")
+    conn.execute("FLUSH MATERIALIZED VIEW page_views")
+    held = conn.execute("SELECT count(*) FROM page_views").fetchone()[0]
+    assert held == windows * pages, held
+    print(f"keys: {held:,} groups ({windows:,} windows x {pages:,} pages) in "
+          f"{time.time() - t0:.1f} s")
+    mid = BASE + dt.timedelta(minutes=5 * (windows // 2))
+    cases = [
+        ("page = %s", "page || '' = %s", ("/k7",)),
+        ("window_end = %s", "window_end + INTERVAL '0 seconds' = %s",
+         (mid + dt.timedelta(minutes=5),)),
+        ("window_start >= %s AND page = %s", "window_start + INTERVAL '0 seconds' >= %s "
+         "AND page || '' = %s", (mid, "/k7")),
+    ]
+    # The last window is still open: a row there changes the view without closing any.
+    last = (BASE + dt.timedelta(minutes=5 * (windows - 1))).isoformat(sep=" ")
+    for changing in (False, True):
+        print("  a view that changes before every query (one INSERT, then FLUSH, not timed):"
+              if changing else "  a view that does not change between queries:")
+        for keyed, scanned, params in cases:
+            times = {}
+            for label, where in (("key", keyed), ("scan", scanned)):
+                # One row back, so that the client's decoding of many rows is not measured.
+                q = (f"SELECT count(*), sum(views), min(page), max(window_end) "
+                     f"FROM page_views WHERE {where}")
+                lat, rows = [], None
+                for _ in range(args.probes):
+                    if changing:
+                        conn.execute("INSERT INTO clicks VALUES ('x', '/k1', %s, 1.0)", (last,))
+                        conn.execute("FLUSH MATERIALIZED VIEW page_views")
+                    t0 = time.perf_counter()
+                    rows = conn.execute(q, params).fetchall()
+                    lat.append(time.perf_counter() - t0)
+                times[label] = (lat, rows)
+            if not changing:
+                assert times["key"][1] == times["scan"][1], keyed
+            print(f"    WHERE {keyed:<34} {times['key'][1][0][0]:>6,} rows: through the key "
+                  f"p50={pct(times['key'][0], .5) * 1000:7.2f} ms, scanning "
+                  f"p50={pct(times['scan'][0], .5) * 1000:7.2f} ms")
+    server.stop()
+
+
 if args.what == "freshness":
     for r in args.rates.split(","):
         freshness(int(r))
 elif args.what == "reads":
     reads()
+elif args.what == "keys":
+    keys()
 else:
     postgres()

@@ -325,8 +325,36 @@ impl KeyCodec {
         prefix_successor(rows.row(0).as_ref())
     }
 
-    /// The encoding of key column `j` within `key`.
-    fn column_of(&self, key: &[u8], j: usize) -> Result<Vec<u8>> {
+    /// The encoding of key column `j` within `key`, which starts at `at` (after the
+    /// encodings of columns `..j`).
+    fn column_of(&self, schema: &SchemaRef, key: &[u8], j: usize, at: usize) -> Result<Vec<u8>> {
+        // A fixed-width value is a null byte and the value's bytes (arrow-row's format):
+        // sliced, not decoded. The time columns, which come first, are such.
+        use DataType::*;
+        let data_type = schema.field(self.key_columns[j]).data_type();
+        let fixed = matches!(
+            data_type,
+            Int8 | Int16
+                | Int32
+                | Int64
+                | UInt8
+                | UInt16
+                | UInt32
+                | UInt64
+                | Float32
+                | Float64
+                | Timestamp(..)
+                | Date32
+                | Date64
+                | Time32(_)
+                | Time64(_)
+                | Duration(_)
+        );
+        if let Some(width) = data_type.primitive_width().filter(|_| fixed)
+            && key.len() >= at + 1 + width
+        {
+            return Ok(key[at..at + 1 + width].to_vec());
+        }
         let conv = self
             .keys
             .as_ref()
@@ -823,6 +851,7 @@ impl ViewStore {
         let mut read = KeyRead {
             map,
             codec,
+            schema,
             constraints: &constraints,
             found: Vec::new(),
             seeks_left: MAX_KEY_SEEKS,
@@ -902,6 +931,7 @@ impl Constraint {
 struct KeyRead<'a> {
     map: &'a imbl::OrdMap<RowBytes, RowBytes>,
     codec: &'a KeyCodec,
+    schema: &'a SchemaRef,
     constraints: &'a [Constraint],
     found: Vec<&'a RowBytes>,
     seeks_left: usize,
@@ -964,7 +994,7 @@ impl<'a> KeyRead<'a> {
             if !below_end(key) {
                 break;
             }
-            let value = self.codec.column_of(key, j)?;
+            let value = self.codec.column_of(self.schema, key, j, prefix.len())?;
             let next = [prefix.as_slice(), &value].concat();
             if !key.starts_with(&next) {
                 return Err(Error::Internal(
