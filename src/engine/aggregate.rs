@@ -472,6 +472,8 @@ pub struct AggregateBatch {
     pub rows_removed: u64,
     pub all_updates_ms: u64,
     pub all_removals_ms: u64,
+    /// The operator's own counters, as Spark's `customMetrics`.
+    pub custom_metrics: Vec<(&'static str, u64)>,
 }
 
 impl AggregateOperator {

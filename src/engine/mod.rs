@@ -4,6 +4,7 @@
 //! [`Engine::execute`]) and starts, stops and watches one tokio task per running sink.
 
 pub mod aggregate;
+pub mod dedup;
 pub mod operator;
 pub mod plan;
 pub mod progress;
@@ -37,7 +38,7 @@ use crate::sql::parser::{
 };
 use crate::sql::types::arrow_to_sql;
 use aggregate::OutputMode;
-use plan::StateConfig;
+use plan::{DedupMode, StateConfig};
 use progress::{QueryStatus, Registry, Status};
 use query::{Outcome, QueryTask, StopReason};
 use tables::{SystemTable, TableStreamTable, queries_batch, queries_schema};
@@ -446,6 +447,7 @@ impl Engine {
         let state = StateConfig {
             store: state_store.as_str().to_string(),
             partitions: state_partitions,
+            dedup: DedupMode::parse(cs.options.get("deduplicate").unwrap_or("first"))?,
         };
         let shape =
             query::analyze_sink(&cs.query, &streams, watermark.as_ref(), mode, &state).await?;
@@ -1403,5 +1405,8 @@ fn state_config(def: &SinkDef) -> StateConfig {
     StateConfig {
         store: def.state_store.as_str().to_string(),
         partitions: def.state_partitions,
+        // Checked when the sink was created.
+        dedup: DedupMode::parse(def.options.get("deduplicate").unwrap_or("first"))
+            .unwrap_or_default(),
     }
 }

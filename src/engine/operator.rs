@@ -1,8 +1,8 @@
 //! The stateful-operator contract, in the spirit of Arroyo's `ArrowOperator`: one trait
 //! with the lifecycle a micro-batch drives. The streaming plan (`engine::plan`) runs one per
 //! stateful node and the trigger loop commits and maintains them, knowing them only
-//! through it; the window aggregate (`engine::aggregate`) is the first implementation.
-//! Dedup and joins are next behind the same trait.
+//! through it. The window aggregate (`engine::aggregate`) and deduplication
+//! (`engine::dedup`) implement it; joins are next behind the same trait.
 //!
 //! Per batch `N`: `process_batch` (late rows judged by `WM(N-1)`, emission and eviction by
 //! `WM(N)`), `commit(N + 1)` before the sink, `maintain` after the commit log. At a start,
@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use datafusion::arrow::record_batch::RecordBatch;
 
 use super::aggregate::{AggregateBatch, AggregateOperator, WindowKind};
+use super::dedup::DedupOperator;
 use crate::error::Result;
 use crate::state::StateMetrics;
 
@@ -78,5 +79,43 @@ impl StatefulOperator for AggregateOperator {
 
     fn maintain(&mut self) -> Result<()> {
         AggregateOperator::maintain(self)
+    }
+}
+
+#[async_trait]
+impl StatefulOperator for DedupOperator {
+    fn name(&self) -> &'static str {
+        if self.info().within_watermark_us.is_some() {
+            "dedupeWithinWatermark"
+        } else {
+            "dedupe"
+        }
+    }
+
+    /// Spark runs a no-data batch for a deduplication whenever the watermark moves, whether
+    /// or not it evicts anything (spec §7.1).
+    fn wants_no_data_batches(&self) -> bool {
+        true
+    }
+
+    fn load(&mut self, version: u64) -> Result<()> {
+        self.state_mut().load(version)
+    }
+
+    async fn process_batch(
+        &mut self,
+        rows: Vec<RecordBatch>,
+        late_watermark_us: i64,
+        watermark_us: i64,
+    ) -> Result<OperatorBatch> {
+        self.process(rows, late_watermark_us, watermark_us)
+    }
+
+    fn commit(&mut self, version: u64) -> Result<StateMetrics> {
+        DedupOperator::commit(self, version)
+    }
+
+    fn maintain(&mut self) -> Result<()> {
+        DedupOperator::maintain(self)
     }
 }

@@ -11,12 +11,14 @@
 //!   below it by DataFusion's optimizer, filters that do stay above (spec §2.3);
 //! - each `Aggregate` becomes a [`StatefulAggregate`] node (Spark's `StateStoreSave`), with
 //!   the operator id that names its state directory, `state/<id>/`. Ids follow the plan
-//!   bottom-up, so a query with one aggregation keeps its state in `state/0/`.
+//!   bottom-up, so a query with one aggregation keeps its state in `state/0/`;
+//! - each `Distinct` (`SELECT DISTINCT`, `DISTINCT ON`, `UNION` without `ALL`) becomes a
+//!   [`StatefulDedup`] node (Spark's `StreamingDeduplicate`), numbered the same way.
 //!
-//! Both are user-defined logical nodes that the [`StreamingQueryPlanner`] plans into
+//! They are user-defined logical nodes that the [`StreamingQueryPlanner`] plans into
 //! `ExecutionPlan`s with `DisplayAs`: [`EventTimeWatermarkExec`] and
-//! [`StatefulAggregateExec`], which runs the operator (a [`StatefulOperator`]) over its
-//! input's rows of the batch and emits what the output mode says. `EXPLAIN CREATE SINK`
+//! [`StatefulOperatorExec`], which runs the operator (a [`StatefulOperator`]) over its
+//! input's rows of the batch and emits what it says. `EXPLAIN CREATE SINK`
 //! renders this plan. A batch is then: fill the tables, plan (the first batch; the next ones
 //! reset and rerun its physical plan, unless the query calls a function such as `now()`),
 //! execute, read the counters.
@@ -40,7 +42,7 @@ use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{
-    Expr, Extension, LogicalPlan, LogicalPlanBuilder, UserDefinedLogicalNode,
+    Distinct, Expr, Extension, LogicalPlan, LogicalPlanBuilder, UserDefinedLogicalNode,
     UserDefinedLogicalNodeCore, col,
 };
 use datafusion::physical_expr::EquivalenceProperties;
@@ -59,6 +61,7 @@ use super::aggregate::{
     AggregateInfo, EventTimeStats, KeyTime, OutputMode, WindowKind, analyze_aggregate, check_plan,
     find_output_time, set_output_keys,
 };
+use super::dedup::DedupInfo;
 use super::operator::{OperatorBatch, StatefulOperator};
 use crate::error::{Error, Result};
 use crate::sink::RowTime;
@@ -417,6 +420,52 @@ impl UserDefinedLogicalNodeCore for StatefulAggregate {
     }
 }
 
+/// A streaming deduplication (Spark's `StreamingDeduplicate`): the operator `id` over its
+/// input; its output is the input's rows that it keeps, so the schema is the input's.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd)]
+pub struct StatefulDedup {
+    pub id: usize,
+    pub input: LogicalPlan,
+    pub info: DedupInfo,
+    /// What EXPLAIN shows.
+    pub label: String,
+}
+
+impl UserDefinedLogicalNodeCore for StatefulDedup {
+    fn name(&self) -> &str {
+        "StatefulDedup"
+    }
+
+    fn inputs(&self) -> Vec<&LogicalPlan> {
+        vec![&self.input]
+    }
+
+    fn schema(&self) -> &DFSchemaRef {
+        self.input.schema()
+    }
+
+    fn expressions(&self) -> Vec<Expr> {
+        vec![]
+    }
+
+    fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "{}", self.label)
+    }
+
+    fn with_exprs_and_inputs(&self, _exprs: Vec<Expr>, inputs: Vec<LogicalPlan>) -> DfResult<Self> {
+        Ok(StatefulDedup {
+            input: one_input(inputs)?,
+            ..self.clone()
+        })
+    }
+
+    /// Every column is part of the rows it keeps (and filters above must stay above: which
+    /// row of a key comes first decides what is emitted).
+    fn necessary_children_exprs(&self, _output_columns: &[usize]) -> Option<Vec<Vec<usize>>> {
+        Some(vec![(0..self.input.schema().fields().len()).collect()])
+    }
+}
+
 /// Pass-through that records event-time statistics for watermark node `id`.
 #[derive(Debug)]
 pub struct EventTimeWatermarkExec {
@@ -525,9 +574,10 @@ impl ExecutionPlan for EventTimeWatermarkExec {
 }
 
 /// Runs stateful operator `id` over all of its input's rows of the batch, in one output
-/// partition.
+/// partition. The input's partitions are read in order, so a replayed batch gives the
+/// operator its rows in the same order.
 #[derive(Debug)]
-pub struct StatefulAggregateExec {
+pub struct StatefulOperatorExec {
     id: usize,
     label: String,
     input: Arc<dyn ExecutionPlan>,
@@ -535,21 +585,21 @@ pub struct StatefulAggregateExec {
     cache: Arc<PlanProperties>,
 }
 
-impl StatefulAggregateExec {
+impl StatefulOperatorExec {
     fn new(
         id: usize,
         label: String,
         schema: SchemaRef,
         input: Arc<dyn ExecutionPlan>,
         runtime: Arc<BatchRuntime>,
-    ) -> StatefulAggregateExec {
+    ) -> StatefulOperatorExec {
         let cache = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(schema),
             Partitioning::UnknownPartitioning(1),
             EmissionType::Final,
             Boundedness::Bounded,
         ));
-        StatefulAggregateExec {
+        StatefulOperatorExec {
             id,
             label,
             input,
@@ -559,15 +609,15 @@ impl StatefulAggregateExec {
     }
 }
 
-impl DisplayAs for StatefulAggregateExec {
+impl DisplayAs for StatefulOperatorExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "StatefulAggregateExec: {}", self.label)
+        write!(f, "StatefulOperatorExec: {}", self.label)
     }
 }
 
-impl ExecutionPlan for StatefulAggregateExec {
+impl ExecutionPlan for StatefulOperatorExec {
     fn name(&self) -> &str {
-        "StatefulAggregateExec"
+        "StatefulOperatorExec"
     }
 
     fn properties(&self) -> &Arc<PlanProperties> {
@@ -595,9 +645,9 @@ impl ExecutionPlan for StatefulAggregateExec {
         _options: ReplaceChildrenOptions,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         let input = children.into_iter().next().ok_or_else(|| {
-            DataFusionError::Internal("StatefulAggregateExec needs an input".into())
+            DataFusionError::Internal("StatefulOperatorExec needs an input".into())
         })?;
-        Ok(Arc::new(StatefulAggregateExec::new(
+        Ok(Arc::new(StatefulOperatorExec::new(
             self.id,
             self.label.clone(),
             self.schema(),
@@ -623,7 +673,7 @@ impl ExecutionPlan for StatefulAggregateExec {
     ) -> DfResult<SendableRecordBatchStream> {
         if partition != 0 {
             return Err(DataFusionError::Internal(format!(
-                "StatefulAggregateExec has one partition, not {partition}"
+                "StatefulOperatorExec has one partition, not {partition}"
             )));
         }
         let (id, input, runtime, schema) = (
@@ -634,7 +684,11 @@ impl ExecutionPlan for StatefulAggregateExec {
         );
         let out_schema = schema.clone();
         let rows = futures::stream::once(async move {
-            let rows = datafusion::physical_plan::collect(input, context).await?;
+            let rows = datafusion::physical_plan::collect_partitioned(input, context)
+                .await?
+                .into_iter()
+                .flatten()
+                .collect();
             let emitted = runtime.process(id, rows).await.map_err(external)?;
             let batches = emitted
                 .iter()
@@ -678,11 +732,21 @@ impl ExtensionPlanner for StreamingExtensionPlanner {
             )?)));
         }
         if let Some(a) = node.as_any().downcast_ref::<StatefulAggregate>() {
-            return Ok(Some(Arc::new(StatefulAggregateExec::new(
+            return Ok(Some(Arc::new(StatefulOperatorExec::new(
                 a.id,
                 a.label.clone(),
                 Arc::new(a.schema.as_arrow().clone()),
                 input()?,
+                self.runtime.clone(),
+            ))));
+        }
+        if let Some(d) = node.as_any().downcast_ref::<StatefulDedup>() {
+            let input = input()?;
+            return Ok(Some(Arc::new(StatefulOperatorExec::new(
+                d.id,
+                d.label.clone(),
+                input.schema(),
+                input,
                 self.runtime.clone(),
             ))));
         }
@@ -728,20 +792,38 @@ pub struct WatermarkNode {
     pub spec: WatermarkSpec,
 }
 
+/// What a stateful operator of the plan does.
+#[derive(Debug, Clone)]
+pub enum OperatorKind {
+    Aggregate(AggregateInfo),
+    Dedup(DedupInfo),
+}
+
+impl OperatorKind {
+    pub fn aggregate(&self) -> Option<&AggregateInfo> {
+        match self {
+            OperatorKind::Aggregate(a) => Some(a),
+            OperatorKind::Dedup(_) => None,
+        }
+    }
+}
+
 /// A stateful operator of the plan.
 #[derive(Debug, Clone)]
 pub struct OperatorNode {
     pub id: usize,
-    pub info: AggregateInfo,
+    pub kind: OperatorKind,
     /// The columns its input produces: what the operator is built for.
     pub input_schema: SchemaRef,
 }
 
-/// How state is kept, for EXPLAIN.
+/// How the operators keep state: the store and partitions (for EXPLAIN), and how
+/// deduplication keys expire.
 #[derive(Debug, Clone)]
 pub struct StateConfig {
     pub store: String,
     pub partitions: usize,
+    pub dedup: DedupMode,
 }
 
 /// A sink's query as a plan of sources, watermarks, stateful operators and the stateless
@@ -827,6 +909,8 @@ pub fn marked_columns(plan: &LogicalPlan) -> Vec<String> {
                 vec![w.column.clone()]
             } else if let Some(a) = e.node.as_any().downcast_ref::<StatefulAggregate>() {
                 a.marked.clone()
+            } else if let Some(d) = e.node.as_any().downcast_ref::<StatefulDedup>() {
+                marked_columns(&d.input)
             } else {
                 vec![]
             }
@@ -888,6 +972,7 @@ struct Builder<'a> {
     sources: &'a [StreamInput],
     mode: OutputMode,
     state: &'a StateConfig,
+    dedup: DedupMode,
     watermarks: Vec<WatermarkNode>,
     operators: Vec<OperatorNode>,
 }
@@ -971,7 +1056,7 @@ impl Builder<'_> {
                 let label = operator_label(id, &info, self.mode, self.state);
                 self.operators.push(OperatorNode {
                     id,
-                    info,
+                    kind: OperatorKind::Aggregate(info),
                     input_schema: Arc::new(input.schema().as_arrow().clone()),
                 });
                 Ok(Transformed::yes(LogicalPlan::Extension(Extension {
@@ -984,8 +1069,199 @@ impl Builder<'_> {
                     }),
                 })))
             }
+            LogicalPlan::Distinct(distinct) => self.dedup(distinct).map(Transformed::yes),
             other => Ok(Transformed::no(other)),
         }
+    }
+
+    /// `SELECT DISTINCT` (every column is the key) and `SELECT DISTINCT ON (keys)` as a
+    /// [`StatefulDedup`] over the rows below (spec §7).
+    fn dedup(&mut self, distinct: Distinct) -> Result<LogicalPlan> {
+        let (input, keys, select) = match distinct {
+            Distinct::All(input) => {
+                let keys = input
+                    .schema()
+                    .fields()
+                    .iter()
+                    .map(|f| f.name().clone())
+                    .collect();
+                (input.as_ref().clone(), keys, None)
+            }
+            Distinct::On(on) => {
+                if on.sort_expr.is_some() {
+                    return Err(Error::Unsupported {
+                        message: "DISTINCT ON over a stream keeps the first row of each key in \
+                                  arrival order; ORDER BY cannot choose another"
+                            .into(),
+                        hint: Some(
+                            "Drop the ORDER BY, or keep the latest row per key with a MERGE \
+                             sink."
+                                .into(),
+                        ),
+                    });
+                }
+                // Keys that are not plain columns are computed below, as hidden columns.
+                let input = on.input.as_ref().clone();
+                let mut keys = Vec::new();
+                let mut lifted = Vec::new();
+                for (i, e) in on.on_expr.iter().enumerate() {
+                    match e.clone().unalias() {
+                        Expr::Column(c) => {
+                            let idx = input.schema().index_of_column(&c)?;
+                            keys.push(input.schema().field(idx).name().clone());
+                        }
+                        other => {
+                            let name = format!("__distinct_on_{i}");
+                            lifted.push(other.alias(name.clone()));
+                            keys.push(name);
+                        }
+                    }
+                }
+                let input = if lifted.is_empty() {
+                    input
+                } else {
+                    let mut exprs: Vec<Expr> = input
+                        .schema()
+                        .columns()
+                        .into_iter()
+                        .map(Expr::Column)
+                        .collect();
+                    exprs.extend(lifted);
+                    LogicalPlanBuilder::from(input).project(exprs)?.build()?
+                };
+                (input, keys, Some(on.select_expr))
+            }
+        };
+        if contains_aggregate(&input) {
+            return Err(Error::unsupported(
+                "deduplication (DISTINCT) after a streaming aggregation is not supported, as \
+                 in Spark",
+            ));
+        }
+        let time = match marked_columns(&input).first() {
+            None => None,
+            Some(t) => {
+                let (_, field) = input.schema().qualified_field_with_unqualified_name(t)?;
+                if !matches!(field.data_type(), DataType::Timestamp(..)) {
+                    return Err(Error::unsupported(format!(
+                        "deduplication over the watermarked column \"{t}\" of type {}: \
+                         deduplicate the rows before window() is applied",
+                        field.data_type()
+                    )));
+                }
+                Some(t.clone())
+            }
+        };
+        let within_watermark_us = match self.dedup {
+            DedupMode::First => None,
+            DedupMode::WithinWatermark => {
+                let Some(t) = &time else {
+                    return Err(Error::Unsupported {
+                        message: "deduplicate = 'within_watermark' needs a watermark on the \
+                                  rows it deduplicates"
+                            .into(),
+                        hint: Some(
+                            "Declare WATERMARK FOR on the stream, or set the watermark option."
+                                .into(),
+                        ),
+                    });
+                };
+                Some(watermark_delay(&input, t)? as i64)
+            }
+        };
+        let info = DedupInfo {
+            keys,
+            time,
+            within_watermark_us,
+        };
+        let id = self.operators.len();
+        let label = format!(
+            "StatefulDedup: id={id} {} state={} partitions={}",
+            info.describe(),
+            self.state.store,
+            self.state.partitions
+        );
+        self.operators.push(OperatorNode {
+            id,
+            kind: OperatorKind::Dedup(info.clone()),
+            input_schema: Arc::new(input.schema().as_arrow().clone()),
+        });
+        let node = LogicalPlan::Extension(Extension {
+            node: Arc::new(StatefulDedup {
+                id,
+                input,
+                info,
+                label,
+            }),
+        });
+        Ok(match select {
+            None => node,
+            Some(select) => LogicalPlanBuilder::from(node).project(select)?.build()?,
+        })
+    }
+}
+
+/// How `SELECT DISTINCT` deduplicates (the sink's `deduplicate` option): Spark's
+/// `dropDuplicates` or `dropDuplicatesWithinWatermark`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DedupMode {
+    #[default]
+    First,
+    WithinWatermark,
+}
+
+impl DedupMode {
+    pub fn parse(s: &str) -> Result<DedupMode> {
+        match s.to_ascii_lowercase().as_str() {
+            "first" => Ok(DedupMode::First),
+            "within_watermark" => Ok(DedupMode::WithinWatermark),
+            other => Err(Error::InvalidOption {
+                message: format!("invalid deduplicate \"{other}\""),
+                hint: Some("Use 'first' or 'within_watermark'.".into()),
+            }),
+        }
+    }
+}
+
+/// Whether a stateful aggregation is below (or at) `plan`.
+fn contains_aggregate(plan: &LogicalPlan) -> bool {
+    let mut found = false;
+    let _ = plan.apply(|node| {
+        if let LogicalPlan::Extension(e) = node
+            && e.node
+                .as_any()
+                .downcast_ref::<StatefulAggregate>()
+                .is_some()
+        {
+            found = true;
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
+}
+
+/// The delay of the watermark that marks `column` below `plan`: the watermark node on that
+/// column, or the one delay every watermark node below shares (the column was renamed).
+fn watermark_delay(plan: &LogicalPlan, column: &str) -> Result<u64> {
+    let mut nodes = Vec::new();
+    let _ = plan.apply(|node| {
+        if let LogicalPlan::Extension(e) = node
+            && let Some(w) = e.node.as_any().downcast_ref::<EventTimeWatermark>()
+        {
+            nodes.push((w.column.clone(), w.delay_us));
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    if let Some((_, d)) = nodes.iter().find(|(c, _)| c == column) {
+        return Ok(*d);
+    }
+    match nodes.as_slice() {
+        [(_, d), rest @ ..] if rest.iter().all(|(_, e)| e == d) => Ok(*d),
+        _ => Err(Error::unsupported(format!(
+            "deduplicate = 'within_watermark': the watermark delay of \"{column}\" is not \
+             known"
+        ))),
     }
 }
 
@@ -1100,11 +1376,6 @@ fn check_shape(plan: &LogicalPlan) -> Result<()> {
     let mut err = None;
     plan.apply_with_subqueries(|node| {
         let refusal = match node {
-            LogicalPlan::Distinct(_) => Some(Error::Unsupported {
-                message: "SELECT DISTINCT (and UNION without ALL) is not supported on streams yet"
-                    .into(),
-                hint: Some("Use GROUP BY over the columns, or UNION ALL.".into()),
-            }),
             LogicalPlan::Window(_) => Some(Error::unsupported(
                 "window functions (OVER) are not supported on streams",
             )),
@@ -1141,6 +1412,7 @@ impl StreamingPlan {
         state: &StateConfig,
         partitions: usize,
     ) -> Result<StreamingPlan> {
+        let dedup = state.dedup;
         let runtime = Arc::new(BatchRuntime::default());
         let ctx = streaming_context(runtime.clone(), partitions);
         let mut tables = Vec::with_capacity(sources.len());
@@ -1155,6 +1427,7 @@ impl StreamingPlan {
             sources: &sources,
             mode,
             state,
+            dedup,
             watermarks: vec![],
             operators: vec![],
         };
@@ -1163,14 +1436,19 @@ impl StreamingPlan {
             .transform_up(|node| builder.rewrite(node).map_err(external))?;
         let plan = rewritten.data;
         let (watermarks, mut operators) = (builder.watermarks, builder.operators);
-        check_plan(&plan, operators.len(), mode)?;
-        let output_time = match operators.last_mut() {
-            Some(top) => {
+        let aggregations = operators
+            .iter()
+            .filter(|o| o.kind.aggregate().is_some())
+            .count();
+        check_plan(&plan, aggregations, mode)?;
+        // Deduplication never comes after an aggregation: the last operator is the top one.
+        let output_time = match operators.last_mut().map(|o| &mut o.kind) {
+            Some(OperatorKind::Aggregate(top)) => {
                 let schema = top_aggregate_schema(&plan)?;
-                set_output_keys(&mut top.info, &plan, &schema, mode)?;
-                find_output_time(&plan, &schema, &top.info)
+                set_output_keys(top, &plan, &schema, mode)?;
+                find_output_time(&plan, &schema, top)
             }
-            None => stateless_output_time(&plan),
+            _ => stateless_output_time(&plan),
         };
         let reusable = only_immutable_functions(&plan);
         Ok(StreamingPlan {
@@ -1190,7 +1468,7 @@ impl StreamingPlan {
 
     /// The information about the plan's last (top) aggregation, if any.
     pub fn top_aggregate(&self) -> Option<&AggregateInfo> {
-        self.operators.last().map(|o| &o.info)
+        self.operators.last().and_then(|o| o.kind.aggregate())
     }
 
     /// The plan as EXPLAIN shows it.

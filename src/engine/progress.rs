@@ -157,6 +157,9 @@ pub struct StateOperatorProgress {
     pub num_rows_dropped_by_watermark: u64,
     pub num_shuffle_partitions: usize,
     pub num_state_store_instances: usize,
+    /// The operator's own counters (`numDroppedDuplicateRows`, ...), by name.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub custom_metrics: std::collections::BTreeMap<String, u64>,
 }
 
 /// A progress report, serialized in Spark's `StreamingQueryProgress` key order.

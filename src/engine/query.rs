@@ -19,8 +19,12 @@ use uuid::Uuid;
 use super::aggregate::{
     AggregateBatch, AggregateInfo, AggregateOperator, EventTimeStats, KeyTime, OutputMode,
 };
+use super::dedup::DedupOperator;
 use super::operator::StatefulOperator;
-use super::plan::{StateConfig, StreamInput, StreamingPlan, WatermarkNode, advance_watermark};
+use super::plan::{
+    DedupMode, OperatorKind, StateConfig, StreamInput, StreamingPlan, WatermarkNode,
+    advance_watermark,
+};
 use super::progress::{
     EventTimeProgress, Progress, Registry, SinkProgress, SourceProgress, StateOperatorProgress,
     Status, round_rate,
@@ -83,7 +87,7 @@ pub struct SinkShape {
     /// The top (last) aggregation, if the query has one.
     pub aggregate: Option<AggregateInfo>,
     /// Every stateful operator, by id.
-    pub operators: Vec<AggregateInfo>,
+    pub operators: Vec<OperatorKind>,
     pub mode: OutputMode,
     /// The plan's watermark nodes.
     pub watermarks: Vec<WatermarkNode>,
@@ -130,19 +134,35 @@ pub fn checkpoint_definition(
 ) -> CheckpointDefinition {
     let mut group_keys = Vec::new();
     let mut aggregates = Vec::new();
-    for (i, a) in shape.operators.iter().enumerate() {
+    for (i, op) in shape.operators.iter().enumerate() {
         // Operator 0 as it always was; later operators prefixed with their id.
         let prefix = if i == 0 {
             String::new()
         } else {
             format!("{i}:")
         };
-        group_keys.extend(a.group_names.iter().map(|g| format!("{prefix}{g}")));
-        aggregates.extend(
-            a.aggregates
-                .iter()
-                .map(|e| format!("{prefix}{}", e.human_display())),
-        );
+        match op {
+            OperatorKind::Aggregate(a) => {
+                group_keys.extend(a.group_names.iter().map(|g| format!("{prefix}{g}")));
+                aggregates.extend(
+                    a.aggregates
+                        .iter()
+                        .map(|e| format!("{prefix}{}", e.human_display())),
+                );
+            }
+            // A deduplication's keys, and how they expire, fix its state.
+            OperatorKind::Dedup(d) => {
+                let keep = match d.within_watermark_us {
+                    Some(us) => format!("within watermark {us}us"),
+                    None => "first".into(),
+                };
+                group_keys.extend(
+                    d.keys
+                        .iter()
+                        .map(|k| format!("{prefix}distinct({keep}) {k}")),
+                );
+            }
+        }
     }
     CheckpointDefinition {
         source: streams
@@ -240,7 +260,7 @@ fn shape_of(query: &str, plan: &StreamingPlan) -> Result<SinkShape> {
         sql: crate::sql::expand_window_refs(query)?,
         schema: Arc::new(Schema::new(fields)),
         aggregate: plan.top_aggregate().cloned(),
-        operators: plan.operators.iter().map(|o| o.info.clone()).collect(),
+        operators: plan.operators.iter().map(|o| o.kind.clone()).collect(),
         mode: plan.mode,
         watermarks: plan.watermarks.clone(),
         output_time: plan.output_time.clone(),
@@ -573,6 +593,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
     let state = StateConfig {
         store: def.state_store.as_str().to_string(),
         partitions: def.state_partitions,
+        dedup: DedupMode::parse(def.options.get("deduplicate").unwrap_or("first"))?,
     };
     let plan = build_plan(&def.query, &streams, sink_wm.as_ref(), mode, &state).await?;
     let shape = shape_of(&def.query, &plan)?;
@@ -600,15 +621,25 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
     let mut operators: Vec<Box<dyn StatefulOperator>> = Vec::new();
     for node in &plan.operators {
         let dir = ckpt.root().join("state").join(node.id.to_string());
-        let op = AggregateOperator::try_new(
-            node.info.clone(),
-            mode,
-            &node.input_schema,
-            def.state_partitions,
-            |layout| crate::state::open(def.state_store, &dir, layout),
-        )
-        .await?;
-        let mut op: Box<dyn StatefulOperator> = Box::new(op);
+        let open = |layout| crate::state::open(def.state_store, &dir, layout);
+        let mut op: Box<dyn StatefulOperator> = match &node.kind {
+            OperatorKind::Aggregate(info) => Box::new(
+                AggregateOperator::try_new(
+                    info.clone(),
+                    mode,
+                    &node.input_schema,
+                    def.state_partitions,
+                    open,
+                )
+                .await?,
+            ),
+            OperatorKind::Dedup(info) => Box::new(DedupOperator::try_new(
+                info.clone(),
+                &node.input_schema,
+                def.state_partitions,
+                open,
+            )?),
+        };
         // Batch N reads state version N.
         op.load(next_batch.state_version())?;
         operators.push(op);
@@ -1038,10 +1069,12 @@ impl Runner {
                 watermark: ts(b.watermark_ms * 1000),
             }
         });
+        // Spark lists the operators from the top of the plan down; ids count bottom-up.
         let state_operators = stats
             .state
             .iter()
             .enumerate()
+            .rev()
             .map(|(i, (m, agg))| StateOperatorProgress {
                 operator_name: self
                     .operator_names
@@ -1059,6 +1092,11 @@ impl Runner {
                 num_rows_dropped_by_watermark: agg.dropped_late,
                 num_shuffle_partitions: self.def.state_partitions,
                 num_state_store_instances: self.def.state_partitions,
+                custom_metrics: agg
+                    .custom_metrics
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), *v))
+                    .collect(),
             })
             .collect();
         let sources = self

@@ -55,6 +55,14 @@ const STATE_STORE: OptionSpec = OptionSpec::new(
     Some("memory"),
     "Where the operators' state lives; fixed once the checkpoint exists",
 );
+const DEDUPLICATE: OptionSpec = OptionSpec::new(
+    "deduplicate",
+    OptionType::OneOf(&["first", "within_watermark"]),
+    Some("first"),
+    "How SELECT DISTINCT [ON] deduplicates: first, a key's first row forever (or until the \
+     watermark passes its event time, when that is a key); within_watermark, duplicates \
+     within the watermark delay of the first row; fixed once the checkpoint exists",
+);
 const MAX_FILES_PER_TRIGGER: OptionSpec = OptionSpec::new(
     "max_files_per_trigger",
     OptionType::PositiveInt,
@@ -98,6 +106,7 @@ pub const SINK_OPTIONS: OptionTable = OptionTable {
         WATERMARK,
         STATE_PARTITIONS,
         STATE_STORE,
+        DEDUPLICATE,
         MAX_FILES_PER_TRIGGER,
         MAX_ROWS_PER_TRIGGER,
         OptionSpec::new(
@@ -128,6 +137,7 @@ pub const VIEW_OPTIONS: OptionTable = OptionTable {
         WATERMARK,
         STATE_PARTITIONS,
         STATE_STORE,
+        DEDUPLICATE,
         MAX_FILES_PER_TRIGGER,
         MAX_ROWS_PER_TRIGGER,
         OptionSpec::new(

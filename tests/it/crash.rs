@@ -319,8 +319,13 @@ async fn crash_after_compaction_skips_the_committed_batch() {
 /// view in update mode (its default).
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Target {
+    /// The windowed count into a Delta sink.
     Sink,
+    /// The windowed count as a materialized view.
     View,
+    /// `DISTINCT ON (user_id, page)` within the watermark into a Delta sink: keys are
+    /// added, expire and come back batch after batch.
+    DedupSink,
 }
 
 async fn windowed_run(
@@ -337,19 +342,26 @@ async fn windowed_run(
     }
     let mut server = TestServer::start(data_dir, port, &env).await;
     let client = server.connect().await;
+    let windowed = "SELECT window.start AS window_start, page, count(*) AS n, \
+                    sum(duration_s) AS total FROM clicks \
+                    GROUP BY window(event_time, '5 minutes'), page";
+    let (kind, options, query) = match target {
+        Target::Sink => ("SINK", "", windowed),
+        Target::View => ("MATERIALIZED VIEW", "", windowed),
+        Target::DedupSink => (
+            "SINK",
+            ", deduplicate = 'within_watermark'",
+            "SELECT DISTINCT ON (user_id, page) user_id, page, event_time FROM clicks",
+        ),
+    };
     client
         .batch_execute(&format!(
             "CREATE STREAM IF NOT EXISTS clicks (user_id TEXT, page TEXT, event_time TIMESTAMP, \
              duration_s DOUBLE PRECISION, WATERMARK FOR event_time AS event_time - INTERVAL '10 minutes') \
              WITH (format = 'json', path = '{}', max_files_per_trigger = 1);
-             CREATE {} IF NOT EXISTS views WITH (trigger = 'available_now', state_store = '{store}') AS \
-             SELECT window.start AS window_start, page, count(*) AS n, sum(duration_s) AS total \
-             FROM clicks GROUP BY window(event_time, '5 minutes'), page",
+             CREATE {kind} IF NOT EXISTS views WITH (trigger = 'available_now', \
+             state_store = '{store}'{options}) AS {query}",
             landing.display(),
-            match target {
-                Target::Sink => "SINK",
-                Target::View => "MATERIALIZED VIEW",
-            }
         ))
         .await
         .unwrap();
@@ -408,14 +420,20 @@ async fn status_of(client: &Client, name: &str) -> Option<String> {
         .get(0)
 }
 
-async fn windowed_table(server: &TestServer) -> Vec<String> {
+async fn windowed_table(server: &TestServer, target: Target) -> Vec<String> {
     let client = server.connect().await;
-    client
-        .query(
+    let sql = match target {
+        Target::Sink | Target::View => {
             "SELECT CAST(window_start AS TEXT) || ' ' || page || ' ' || CAST(n AS TEXT) || ' ' || \
-             CAST(round(total, 3) AS TEXT) AS r FROM views ORDER BY r",
-            &[],
-        )
+             CAST(round(total, 3) AS TEXT) AS r FROM views ORDER BY r"
+        }
+        Target::DedupSink => {
+            "SELECT user_id || ' ' || page || ' ' || CAST(event_time AS TEXT) AS r FROM views \
+             ORDER BY r"
+        }
+    };
+    client
+        .query(sql, &[])
         .await
         .unwrap()
         .iter()
@@ -461,10 +479,10 @@ async fn windowed_crash_everywhere(store: &str, target: Target) {
     let reference = windowed_run(&ref_dir, &landing, port, None, store, target)
         .await
         .unwrap();
-    let want = windowed_table(&reference).await;
+    let want = windowed_table(&reference, target).await;
     assert!(
         want.len() > 20,
-        "the reference run emitted {} windows",
+        "the reference run emitted {} rows",
         want.len()
     );
     reference.stop().await;
@@ -477,7 +495,7 @@ async fn windowed_crash_everywhere(store: &str, target: Target) {
     // The sink's own point (Delta data files written, no log entry yet) or the view's
     // (its log file written, not yet renamed; renamed, not yet in memory).
     let own: &[(&str, usize)] = match target {
-        Target::Sink => &[("sink_files_written", 7)],
+        Target::Sink | Target::DedupSink => &[("sink_files_written", 7)],
         Target::View => &[("view_log_before_rename", 7), ("view_after_log", 7)],
     };
     let points = [
@@ -500,7 +518,7 @@ async fn windowed_crash_everywhere(store: &str, target: Target) {
             let server = windowed_run(&data_dir, &landing, port, None, store, target)
                 .await
                 .unwrap();
-            let got = windowed_table(&server).await;
+            let got = windowed_table(&server, target).await;
             assert_eq!(
                 got, want,
                 "{store}, {target:?}, crash at {spec}: the final table differs"
@@ -549,4 +567,17 @@ async fn view_crash_everywhere_memory_store() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn view_crash_everywhere_rocksdb_store() {
     windowed_crash_everywhere("rocksdb", Target::View).await;
+}
+
+/// A deduplication's state (keys added, expired and added again) and its sink after any
+/// crash are those of an uninterrupted run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dedup_crash_everywhere_memory_store() {
+    windowed_crash_everywhere("memory", Target::DedupSink).await;
+}
+
+#[cfg(feature = "rocksdb")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dedup_crash_everywhere_rocksdb_store() {
+    windowed_crash_everywhere("rocksdb", Target::DedupSink).await;
 }

@@ -561,3 +561,152 @@ async fn chained_aggregations_and_unions_match_spark() {
     drop(client);
     server.stop().await;
 }
+
+/// Deduplication against Spark (`tests/oracle/dedup/`, made by `spark_dedup.py` beside the
+/// input files): `DISTINCT ON` with and without the event time among the keys, within the
+/// watermark, `SELECT DISTINCT` over columns without the event time, and a deduplication
+/// below a window count. Batch by batch, as Spark: input rows, the watermark in force, rows
+/// emitted, and per stateful operator (top of the plan first) its name, state rows total,
+/// updated and removed, rows dropped as late and as duplicates; then every emitted row. Each
+/// query also runs as a materialized view in append mode, whose rows must equal the sink's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deduplication_matches_spark() {
+    let case = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/dedup");
+    let tmp = tempfile::tempdir().unwrap();
+    let mut mtime = SystemTime::now() - Duration::from_secs(86_400);
+    let landing = tmp.path().join("clicks");
+    std::fs::create_dir_all(&landing).unwrap();
+    land(&case.join("clicks"), &landing, &mut mtime);
+    let server = TestServer::start(&tmp.path().join("data"), 0, &[]).await;
+    let client = server.connect().await;
+    let shapes: [(&str, &str, &str, &str); 5] = [
+        (
+            "exact",
+            "",
+            "SELECT DISTINCT ON (user_id, event_time) user_id, page, event_time FROM clicks",
+            "user_id, page, event_time",
+        ),
+        (
+            "by_user",
+            "",
+            "SELECT DISTINCT ON (user_id) * FROM clicks",
+            "user_id, page, event_time",
+        ),
+        (
+            "within",
+            ", deduplicate = 'within_watermark'",
+            "SELECT DISTINCT ON (user_id) * FROM clicks",
+            "user_id, page, event_time",
+        ),
+        (
+            "distinct",
+            "",
+            "SELECT DISTINCT user_id, page FROM clicks",
+            "user_id, page",
+        ),
+        (
+            "counted",
+            "",
+            "SELECT window.start AS window_start, page, count(*) AS n \
+             FROM (SELECT DISTINCT ON (user_id, event_time) * FROM clicks) \
+             GROUP BY window(event_time, '10 minutes'), page",
+            "window_start, page, n",
+        ),
+    ];
+    let mut sql = format!(
+        "CREATE STREAM clicks (user_id TEXT, page TEXT, event_time TIMESTAMP, WATERMARK FOR \
+         event_time AS event_time - INTERVAL '10 minutes') WITH (format = 'json', path = '{}', \
+         max_files_per_trigger = 1);",
+        landing.display()
+    );
+    for (shape, options, query, _) in &shapes {
+        sql.push_str(&format!(
+            "CREATE SINK {shape} WITH (trigger = 'available_now'{options}) AS {query};
+             CREATE MATERIALIZED VIEW {shape}_view WITH (trigger = 'available_now', \
+             output_mode = 'append'{options}) AS {query};"
+        ));
+    }
+    client
+        .batch_execute(&sql)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
+    let canonical = |rows: Vec<Vec<Option<String>>>| {
+        let mut rows: Vec<Vec<String>> = rows
+            .into_iter()
+            .map(|r| {
+                r.into_iter()
+                    .map(|v| {
+                        let v = v.unwrap_or_default();
+                        let v = v.trim_end_matches("+00");
+                        v.strip_suffix(".000000").unwrap_or(v).to_string()
+                    })
+                    .collect()
+            })
+            .collect();
+        rows.sort();
+        rows
+    };
+    for (shape, _, _, columns) in &shapes {
+        for name in [shape.to_string(), format!("{shape}_view")] {
+            crate::harness::poll("the available_now run to finish", || async {
+                let s = rows(
+                    &client,
+                    &format!("SELECT status FROM tidemark.queries WHERE name = '{name}'"),
+                )
+                .await;
+                (s[0][0].as_deref() == Some("finished")).then_some(())
+            })
+            .await;
+        }
+        let got: Vec<Vec<String>> = rows(
+            &client,
+            &format!(
+                "SELECT batch_id, num_input_rows, watermark, sink_output_rows, progress \
+                 FROM tidemark.progress WHERE name = '{shape}' ORDER BY batch_id"
+            ),
+        )
+        .await
+        .into_iter()
+        .map(|r| {
+            let p: serde_json::Value = serde_json::from_str(r[4].as_deref().unwrap()).unwrap();
+            let ops = p["stateOperators"].as_array().cloned().unwrap_or_default();
+            let each = |f: &dyn Fn(&serde_json::Value) -> String| {
+                ops.iter().map(f).collect::<Vec<_>>().join(";")
+            };
+            vec![
+                r[0].clone().unwrap(),
+                r[1].clone().unwrap(),
+                progress_ts(r[2].as_deref().unwrap()),
+                r[3].clone().unwrap(),
+                each(&|o| o["operatorName"].as_str().unwrap().to_string()),
+                each(&|o| o["numRowsTotal"].to_string()),
+                each(&|o| o["numRowsUpdated"].to_string()),
+                each(&|o| o["numRowsRemoved"].to_string()),
+                each(&|o| o["numRowsDroppedByWatermark"].to_string()),
+                each(&|o| match &o["customMetrics"]["numDroppedDuplicateRows"] {
+                    serde_json::Value::Null => String::new(),
+                    v => v.to_string(),
+                }),
+            ]
+        })
+        .collect();
+        let want = read_csv(&case.join(shape).join("batches.csv"));
+        assert_eq!(
+            got,
+            want,
+            "{shape}: batches (id, input rows, watermark, rows emitted, operators, state rows \
+             total/updated/removed, dropped late, dropped duplicates)\n{}",
+            server.log()
+        );
+        let table = canonical(rows(&client, &format!("SELECT {columns} FROM {shape}")).await);
+        assert_eq!(
+            table,
+            read_csv(&case.join(shape).join("output.csv")),
+            "{shape}: every row emitted"
+        );
+        let view = canonical(rows(&client, &format!("SELECT {columns} FROM {shape}_view")).await);
+        assert_eq!(view, table, "{shape}: the view holds the sink's rows");
+    }
+    drop(client);
+    server.stop().await;
+}
