@@ -35,14 +35,14 @@ use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, DFSchemaRef, DataFusionError, TableReference};
+use datafusion::common::{Column, DFSchemaRef, DataFusionError, ScalarValue, TableReference};
 use datafusion::datasource::{TableProvider, TableType};
 use datafusion::execution::context::QueryPlanner;
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{
-    Distinct, Expr, Extension, LogicalPlan, LogicalPlanBuilder, UserDefinedLogicalNode,
+    Distinct, Expr, Extension, Filter, LogicalPlan, LogicalPlanBuilder, UserDefinedLogicalNode,
     UserDefinedLogicalNodeCore, col,
 };
 use datafusion::physical_expr::EquivalenceProperties;
@@ -973,6 +973,9 @@ struct Builder<'a> {
     mode: OutputMode,
     state: &'a StateConfig,
     dedup: DedupMode,
+    /// Whether a rewrite changed a column's type, so that the schemas above it must be
+    /// computed again.
+    retyped: bool,
     watermarks: Vec<WatermarkNode>,
     operators: Vec<OperatorNode>,
 }
@@ -1070,6 +1073,10 @@ impl Builder<'_> {
                 })))
             }
             LogicalPlan::Distinct(distinct) => self.dedup(distinct).map(Transformed::yes),
+            LogicalPlan::Filter(filter) => match self.first_row_per_key(&filter)? {
+                Some(plan) => Ok(Transformed::yes(plan)),
+                None => Ok(Transformed::no(LogicalPlan::Filter(filter))),
+            },
             other => Ok(Transformed::no(other)),
         }
     }
@@ -1100,38 +1107,113 @@ impl Builder<'_> {
                         ),
                     });
                 }
-                // Keys that are not plain columns are computed below, as hidden columns.
-                let input = on.input.as_ref().clone();
-                let mut keys = Vec::new();
-                let mut lifted = Vec::new();
-                for (i, e) in on.on_expr.iter().enumerate() {
-                    match e.clone().unalias() {
-                        Expr::Column(c) => {
-                            let idx = input.schema().index_of_column(&c)?;
-                            keys.push(input.schema().field(idx).name().clone());
-                        }
-                        other => {
-                            let name = format!("__distinct_on_{i}");
-                            lifted.push(other.alias(name.clone()));
-                            keys.push(name);
-                        }
-                    }
-                }
-                let input = if lifted.is_empty() {
-                    input
-                } else {
-                    let mut exprs: Vec<Expr> = input
-                        .schema()
-                        .columns()
-                        .into_iter()
-                        .map(Expr::Column)
-                        .collect();
-                    exprs.extend(lifted);
-                    LogicalPlanBuilder::from(input).project(exprs)?.build()?
-                };
+                let (input, keys) = keyed_input(on.input.as_ref().clone(), &on.on_expr)?;
                 (input, keys, Some(on.select_expr))
             }
         };
+        let node = self.dedup_node(input, keys)?;
+        Ok(match select {
+            None => node,
+            Some(select) => LogicalPlanBuilder::from(node).project(select)?.build()?,
+        })
+    }
+
+    /// Flink's and RisingWave's spelling of a deduplication, `WHERE rn = 1` over
+    /// `row_number() OVER (PARTITION BY keys [ORDER BY event_time]) AS rn`: the same
+    /// [`StatefulDedup`] over the window's input, `rn` the constant 1. `None` when `filter`
+    /// is not that pattern.
+    fn first_row_per_key(&mut self, filter: &Filter) -> Result<Option<LogicalPlan>> {
+        use datafusion::logical_expr::{BinaryExpr, Operator};
+        let rn = match filter.predicate.clone().unalias() {
+            Expr::BinaryExpr(BinaryExpr {
+                left,
+                op: Operator::Eq,
+                right,
+            }) => match (*left, *right) {
+                (Expr::Column(c), Expr::Literal(v, _)) | (Expr::Literal(v, _), Expr::Column(c))
+                    if is_one(&v) =>
+                {
+                    c
+                }
+                _ => return Ok(None),
+            },
+            _ => return Ok(None),
+        };
+        let mut aliases = Vec::new();
+        let mut node = filter.input.as_ref();
+        while let LogicalPlan::SubqueryAlias(a) = node {
+            aliases.push(a.alias.clone());
+            node = a.input.as_ref();
+        }
+        let LogicalPlan::Projection(projection) = node else {
+            return Ok(None);
+        };
+        let Some(rn_index) = projection.schema.index_of_column_by_name(None, &rn.name) else {
+            return Ok(None);
+        };
+        let LogicalPlan::Window(window) = projection.input.as_ref() else {
+            return Ok(None);
+        };
+        let [Expr::WindowFunction(f)] = window.window_expr.as_slice() else {
+            return Ok(None);
+        };
+        if f.fun.name() != "row_number" || f.params.partition_by.is_empty() {
+            return Ok(None);
+        }
+        let window_column = window
+            .schema
+            .field(window.input.schema().fields().len())
+            .name()
+            .clone();
+        let reads_window = |e: &Expr| e.column_refs().iter().any(|c| c.name == window_column);
+        if !matches!(projection.expr[rn_index].clone().unalias(), Expr::Column(c) if c.name == window_column)
+            || projection
+                .expr
+                .iter()
+                .enumerate()
+                .any(|(i, e)| i != rn_index && reads_window(e))
+        {
+            return Ok(None);
+        }
+        // The first row is the first to arrive: an order by the event time, ascending, is
+        // that order up to the watermark's delay; any other order is refused.
+        let marked = marked_columns(&window.input);
+        let by_event_time = match f.params.order_by.as_slice() {
+            [] => true,
+            [sort] => {
+                sort.asc && matches!(&sort.expr, Expr::Column(c) if marked.first() == Some(&c.name))
+            }
+            _ => false,
+        };
+        if !by_event_time {
+            return Err(Error::Unsupported {
+                message: "row_number() = 1 over a stream keeps the first row of each key to \
+                          arrive; it may order only by the watermarked event time, ascending"
+                    .into(),
+                hint: Some(
+                    "Write ORDER BY <event time> (or no ORDER BY); for the latest row per key \
+                     use an update-mode view or a MERGE sink."
+                        .into(),
+                ),
+            });
+        }
+        let (input, keys) = keyed_input(window.input.as_ref().clone(), &f.params.partition_by)?;
+        let dedup = self.dedup_node(input, keys)?;
+        // A BIGINT, as Postgres's row_number() (DataFusion's is unsigned, which Delta and
+        // Postgres clients do not have): the plan above is retyped after the rewrite.
+        let field = projection.schema.field(rn_index);
+        let mut exprs = projection.expr.clone();
+        exprs[rn_index] = Expr::Literal(ScalarValue::Int64(Some(1)), None).alias(field.name());
+        self.retyped = true;
+        let mut plan = LogicalPlanBuilder::from(dedup).project(exprs)?.build()?;
+        for alias in aliases.into_iter().rev() {
+            plan = LogicalPlanBuilder::from(plan).alias(alias)?.build()?;
+        }
+        Ok(Some(plan))
+    }
+
+    /// A [`StatefulDedup`] on `keys` (input columns) over `input`.
+    fn dedup_node(&mut self, input: LogicalPlan, keys: Vec<String>) -> Result<LogicalPlan> {
         if contains_aggregate(&input) {
             return Err(Error::unsupported(
                 "deduplication (DISTINCT) after a streaming aggregation is not supported, as \
@@ -1186,19 +1268,55 @@ impl Builder<'_> {
             kind: OperatorKind::Dedup(info.clone()),
             input_schema: Arc::new(input.schema().as_arrow().clone()),
         });
-        let node = LogicalPlan::Extension(Extension {
+        Ok(LogicalPlan::Extension(Extension {
             node: Arc::new(StatefulDedup {
                 id,
                 input,
                 info,
                 label,
             }),
-        });
-        Ok(match select {
-            None => node,
-            Some(select) => LogicalPlanBuilder::from(node).project(select)?.build()?,
-        })
+        }))
     }
+}
+
+/// `input` with the key expressions that are not plain columns computed as hidden columns
+/// (`__distinct_on_i`), and the keys' column names.
+fn keyed_input(input: LogicalPlan, key_exprs: &[Expr]) -> Result<(LogicalPlan, Vec<String>)> {
+    let mut keys = Vec::new();
+    let mut lifted = Vec::new();
+    for (i, e) in key_exprs.iter().enumerate() {
+        match e.clone().unalias() {
+            Expr::Column(c) => {
+                let idx = input.schema().index_of_column(&c)?;
+                keys.push(input.schema().field(idx).name().clone());
+            }
+            other => {
+                let name = format!("__distinct_on_{i}");
+                lifted.push(other.alias(name.clone()));
+                keys.push(name);
+            }
+        }
+    }
+    if lifted.is_empty() {
+        return Ok((input, keys));
+    }
+    let mut exprs: Vec<Expr> = input
+        .schema()
+        .columns()
+        .into_iter()
+        .map(Expr::Column)
+        .collect();
+    exprs.extend(lifted);
+    Ok((
+        LogicalPlanBuilder::from(input).project(exprs)?.build()?,
+        keys,
+    ))
+}
+
+/// Whether `v` is the number 1.
+fn is_one(v: &ScalarValue) -> bool {
+    v.cast_to(&DataType::Int64)
+        .is_ok_and(|v| v == ScalarValue::Int64(Some(1)))
 }
 
 /// How `SELECT DISTINCT` deduplicates (the sink's `deduplicate` option): Spark's
@@ -1376,9 +1494,6 @@ fn check_shape(plan: &LogicalPlan) -> Result<()> {
     let mut err = None;
     plan.apply_with_subqueries(|node| {
         let refusal = match node {
-            LogicalPlan::Window(_) => Some(Error::unsupported(
-                "window functions (OVER) are not supported on streams",
-            )),
             LogicalPlan::Limit(_) => {
                 Some(Error::unsupported("LIMIT is not supported in sinks yet"))
             }
@@ -1428,13 +1543,31 @@ impl StreamingPlan {
             mode,
             state,
             dedup,
+            retyped: false,
             watermarks: vec![],
             operators: vec![],
         };
         let rewritten = plan
             .clone()
             .transform_up(|node| builder.rewrite(node).map_err(external))?;
-        let plan = rewritten.data;
+        let mut plan = rewritten.data;
+        if builder.retyped {
+            plan = plan
+                .transform_up(|n| n.recompute_schema().map(Transformed::yes))?
+                .data;
+        }
+        // The row_number() = 1 pattern became a deduplication; other window functions
+        // remain.
+        if plan.exists(|n| Ok(matches!(n, LogicalPlan::Window(_))))? {
+            return Err(Error::Unsupported {
+                message: "window functions (OVER) are not supported on streams".into(),
+                hint: Some(
+                    "row_number() OVER (PARTITION BY keys [ORDER BY event time]) = 1 is \
+                     supported, as a deduplication."
+                        .into(),
+                ),
+            });
+        }
         let (watermarks, mut operators) = (builder.watermarks, builder.operators);
         let aggregations = operators
             .iter()

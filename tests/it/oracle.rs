@@ -564,7 +564,7 @@ async fn chained_aggregations_and_unions_match_spark() {
 
 /// Deduplication against Spark (`tests/oracle/dedup/`, made by `spark_dedup.py` beside the
 /// input files): `DISTINCT ON` with and without the event time among the keys, within the
-/// watermark, `SELECT DISTINCT` over columns without the event time, and a deduplication
+/// watermark, `row_number() = 1`, `SELECT DISTINCT` over columns without the event time, and a deduplication
 /// below a window count. Batch by batch, as Spark: input rows, the watermark in force, rows
 /// emitted, and per stateful operator (top of the plan first) its name, state rows total,
 /// updated and removed, rows dropped as late and as duplicates; then every emitted row. Each
@@ -579,8 +579,10 @@ async fn deduplication_matches_spark() {
     land(&case.join("clicks"), &landing, &mut mtime);
     let server = TestServer::start(&tmp.path().join("data"), 0, &[]).await;
     let client = server.connect().await;
-    let shapes: [(&str, &str, &str, &str); 5] = [
+    // (sink name, Spark's shape, options, query, columns)
+    let shapes: [(&str, &str, &str, &str, &str); 6] = [
         (
+            "exact",
             "exact",
             "",
             "SELECT DISTINCT ON (user_id, event_time) user_id, page, event_time FROM clicks",
@@ -588,11 +590,13 @@ async fn deduplication_matches_spark() {
         ),
         (
             "by_user",
+            "by_user",
             "",
             "SELECT DISTINCT ON (user_id) * FROM clicks",
             "user_id, page, event_time",
         ),
         (
+            "within",
             "within",
             ", deduplicate = 'within_watermark'",
             "SELECT DISTINCT ON (user_id) * FROM clicks",
@@ -600,11 +604,21 @@ async fn deduplication_matches_spark() {
         ),
         (
             "distinct",
+            "distinct",
             "",
             "SELECT DISTINCT user_id, page FROM clicks",
             "user_id, page",
         ),
         (
+            "by_user_rn",
+            "by_user",
+            "",
+            "SELECT user_id, page, event_time FROM (SELECT *, row_number() OVER \
+             (PARTITION BY user_id ORDER BY event_time) AS rn FROM clicks) WHERE rn = 1",
+            "user_id, page, event_time",
+        ),
+        (
+            "counted",
             "counted",
             "",
             "SELECT window.start AS window_start, page, count(*) AS n \
@@ -619,10 +633,10 @@ async fn deduplication_matches_spark() {
          max_files_per_trigger = 1);",
         landing.display()
     );
-    for (shape, options, query, _) in &shapes {
+    for (name, _, options, query, _) in &shapes {
         sql.push_str(&format!(
-            "CREATE SINK {shape} WITH (trigger = 'available_now'{options}) AS {query};
-             CREATE MATERIALIZED VIEW {shape}_view WITH (trigger = 'available_now', \
+            "CREATE SINK {name} WITH (trigger = 'available_now'{options}) AS {query};
+             CREATE MATERIALIZED VIEW {name}_view WITH (trigger = 'available_now', \
              output_mode = 'append'{options}) AS {query};"
         ));
     }
@@ -646,8 +660,8 @@ async fn deduplication_matches_spark() {
         rows.sort();
         rows
     };
-    for (shape, _, _, columns) in &shapes {
-        for name in [shape.to_string(), format!("{shape}_view")] {
+    for (sink, shape, _, _, columns) in &shapes {
+        for name in [sink.to_string(), format!("{sink}_view")] {
             crate::harness::poll("the available_now run to finish", || async {
                 let s = rows(
                     &client,
@@ -662,7 +676,7 @@ async fn deduplication_matches_spark() {
             &client,
             &format!(
                 "SELECT batch_id, num_input_rows, watermark, sink_output_rows, progress \
-                 FROM tidemark.progress WHERE name = '{shape}' ORDER BY batch_id"
+                 FROM tidemark.progress WHERE name = '{sink}' ORDER BY batch_id"
             ),
         )
         .await
@@ -694,18 +708,18 @@ async fn deduplication_matches_spark() {
         assert_eq!(
             got,
             want,
-            "{shape}: batches (id, input rows, watermark, rows emitted, operators, state rows \
+            "{sink}: batches (id, input rows, watermark, rows emitted, operators, state rows \
              total/updated/removed, dropped late, dropped duplicates)\n{}",
             server.log()
         );
-        let table = canonical(rows(&client, &format!("SELECT {columns} FROM {shape}")).await);
+        let table = canonical(rows(&client, &format!("SELECT {columns} FROM {sink}")).await);
         assert_eq!(
             table,
             read_csv(&case.join(shape).join("output.csv")),
-            "{shape}: every row emitted"
+            "{sink}: every row emitted"
         );
-        let view = canonical(rows(&client, &format!("SELECT {columns} FROM {shape}_view")).await);
-        assert_eq!(view, table, "{shape}: the view holds the sink's rows");
+        let view = canonical(rows(&client, &format!("SELECT {columns} FROM {sink}_view")).await);
+        assert_eq!(view, table, "{sink}: the view holds the sink's rows");
     }
     drop(client);
     server.stop().await;
