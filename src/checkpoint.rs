@@ -292,6 +292,9 @@ pub struct CheckpointDefinition {
     pub aggregates: Vec<String>,
     /// The event-time column of the watermark, if any.
     pub watermark_column: Option<String>,
+    /// How several watermarks combine (`min` in checkpoints from before the option).
+    #[serde(default = "min_policy")]
+    pub watermark_policy: String,
     pub output_mode: String,
     pub state_partitions: usize,
     pub state_store: String,
@@ -335,6 +338,12 @@ impl CheckpointDefinition {
                 col(&wanted.watermark_column)
             ));
         }
+        if self.watermark_policy != wanted.watermark_policy {
+            return Some(format!(
+                "multiple_watermark_policy changed from '{}' to '{}'",
+                self.watermark_policy, wanted.watermark_policy
+            ));
+        }
         if self.output_mode != wanted.output_mode {
             return Some(format!(
                 "the output mode changed from {} to {}",
@@ -358,6 +367,10 @@ impl CheckpointDefinition {
 }
 
 const DEFINITION_FILE: &str = "tidemark.json";
+
+fn min_policy() -> String {
+    "min".into()
+}
 
 /// Checks that the checkpoint at `root` (if it has a recorded definition) can serve
 /// `wanted`; names the change if not.
@@ -408,6 +421,7 @@ mod definition_tests {
             group_keys: vec!["page".into()],
             aggregates: vec!["count(1)".into()],
             watermark_column: Some("event_time".into()),
+            watermark_policy: "min".into(),
             output_mode: "append".into(),
             state_partitions: 4,
             state_store: "memory".into(),
@@ -431,5 +445,19 @@ mod definition_tests {
         // A checkpoint without a recorded definition (older, or new) accepts any.
         let fresh = tempfile::tempdir().unwrap();
         check_definition(fresh.path(), "s", &other).unwrap();
+        // A definition recorded before the watermark policy existed was made under `min`.
+        let old = tempfile::tempdir().unwrap();
+        let mut json: serde_json::Value = serde_json::from_str(&to_json(&def()).unwrap()).unwrap();
+        json.as_object_mut().unwrap().remove("watermarkPolicy");
+        std::fs::write(old.path().join(DEFINITION_FILE), json.to_string()).unwrap();
+        check_definition(old.path(), "s", &def()).unwrap();
+        let mut max = def();
+        max.watermark_policy = "max".into();
+        let e = check_definition(old.path(), "s", &max).unwrap_err();
+        assert!(
+            e.to_string()
+                .ends_with("multiple_watermark_policy changed from 'min' to 'max'"),
+            "{e}"
+        );
     }
 }

@@ -308,6 +308,7 @@ impl DedupOperator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::StoreKind;
     use datafusion::arrow::array::{StringArray, TimestampMicrosecondArray};
 
     const MIN: i64 = 60_000_000;
@@ -332,11 +333,20 @@ mod tests {
         .unwrap()
     }
 
-    fn op(info: DedupInfo, dir: &std::path::Path) -> DedupOperator {
+    fn op(info: DedupInfo, dir: &std::path::Path, kind: StoreKind) -> DedupOperator {
         DedupOperator::try_new(info, &schema(), 2, |layout| {
-            crate::state::open(crate::state::StoreKind::Memory, dir, layout)
+            crate::state::open(kind, dir, layout)
         })
         .unwrap()
+    }
+
+    /// The stores this build has: every test runs on each.
+    fn kinds() -> Vec<StoreKind> {
+        let mut k = vec![StoreKind::Memory];
+        if cfg!(feature = "rocksdb") {
+            k.push(StoreKind::Rocksdb);
+        }
+        k
     }
 
     /// The emitted `(user, minute)` pairs and the duplicates count.
@@ -362,101 +372,109 @@ mod tests {
 
     #[test]
     fn the_first_row_of_a_key_wins_and_a_key_with_its_time_is_evicted_by_the_watermark() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut d = op(
-            DedupInfo {
-                keys: vec!["user_id".into(), "t".into()],
-                time: Some("t".into()),
-                within_watermark_us: None,
-            },
-            dir.path(),
-        );
-        // One batch: a duplicate inside it, and NULL keys equal to each other.
-        let b = d
-            .process(
-                vec![rows(&[
-                    (Some("a"), 10),
-                    (Some("a"), 10),
-                    (None, 11),
-                    (None, 11),
-                ])],
-                0,
-                0,
-            )
-            .unwrap();
-        assert_eq!(emitted(&b), (vec![(s("a"), 10), (None, 11)], 2));
-        assert_eq!(b.rows_updated, 2);
-        // The next batch: a duplicate of the stored key; eviction at WM 10 removes (a, 10).
-        let b = d
-            .process(vec![rows(&[(Some("a"), 10), (Some("b"), 12)])], 0, 10 * MIN)
-            .unwrap();
-        assert_eq!(emitted(&b), (vec![(s("b"), 12)], 1));
-        assert_eq!(b.rows_removed, 1);
-        // (a, 10) again is now late (10 <= WM_late), not a new row.
-        let b = d
-            .process(
-                vec![rows(&[(Some("a"), 10), (Some("c"), 30)])],
-                10 * MIN,
-                10 * MIN,
-            )
-            .unwrap();
-        assert_eq!(emitted(&b), (vec![(s("c"), 30)], 0));
-        assert_eq!(b.dropped_late, 1);
+        for kind in kinds() {
+            let dir = tempfile::tempdir().unwrap();
+            let mut d = op(
+                DedupInfo {
+                    keys: vec!["user_id".into(), "t".into()],
+                    time: Some("t".into()),
+                    within_watermark_us: None,
+                },
+                dir.path(),
+                kind,
+            );
+            // One batch: a duplicate inside it, and NULL keys equal to each other.
+            let b = d
+                .process(
+                    vec![rows(&[
+                        (Some("a"), 10),
+                        (Some("a"), 10),
+                        (None, 11),
+                        (None, 11),
+                    ])],
+                    0,
+                    0,
+                )
+                .unwrap();
+            assert_eq!(emitted(&b), (vec![(s("a"), 10), (None, 11)], 2));
+            assert_eq!(b.rows_updated, 2);
+            // The next batch: a duplicate of the stored key; eviction at WM 10 removes (a, 10).
+            let b = d
+                .process(vec![rows(&[(Some("a"), 10), (Some("b"), 12)])], 0, 10 * MIN)
+                .unwrap();
+            assert_eq!(emitted(&b), (vec![(s("b"), 12)], 1));
+            assert_eq!(b.rows_removed, 1);
+            // (a, 10) again is now late (10 <= WM_late), not a new row.
+            let b = d
+                .process(
+                    vec![rows(&[(Some("a"), 10), (Some("c"), 30)])],
+                    10 * MIN,
+                    10 * MIN,
+                )
+                .unwrap();
+            assert_eq!(emitted(&b), (vec![(s("c"), 30)], 0));
+            assert_eq!(b.dropped_late, 1);
+        }
     }
 
     #[test]
     fn within_the_watermark_a_key_expires_delay_after_its_first_row() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut d = op(
-            DedupInfo {
-                keys: vec!["user_id".into()],
-                time: Some("t".into()),
-                within_watermark_us: Some(10 * MIN),
-            },
-            dir.path(),
-        );
-        let b = d.process(vec![rows(&[(Some("g"), 0)])], 0, 0).unwrap();
-        assert_eq!(emitted(&b).0, vec![(s("g"), 0)]);
-        // A later duplicate does not move the expiry (0 + 10 minutes).
-        let b = d
-            .process(vec![rows(&[(Some("g"), 8)])], 0, 9 * MIN)
-            .unwrap();
-        assert_eq!(emitted(&b), (vec![], 1));
-        assert_eq!(b.rows_removed, 0);
-        let b = d.process(vec![], 9 * MIN, 10 * MIN).unwrap();
-        assert_eq!(b.rows_removed, 1);
-        // Expired: the key is emitted again.
-        let b = d
-            .process(vec![rows(&[(Some("g"), 25)])], 10 * MIN, 10 * MIN)
-            .unwrap();
-        assert_eq!(emitted(&b).0, vec![(s("g"), 25)]);
+        for kind in kinds() {
+            let dir = tempfile::tempdir().unwrap();
+            let mut d = op(
+                DedupInfo {
+                    keys: vec!["user_id".into()],
+                    time: Some("t".into()),
+                    within_watermark_us: Some(10 * MIN),
+                },
+                dir.path(),
+                kind,
+            );
+            let b = d.process(vec![rows(&[(Some("g"), 0)])], 0, 0).unwrap();
+            assert_eq!(emitted(&b).0, vec![(s("g"), 0)]);
+            // A later duplicate does not move the expiry (0 + 10 minutes).
+            let b = d
+                .process(vec![rows(&[(Some("g"), 8)])], 0, 9 * MIN)
+                .unwrap();
+            assert_eq!(emitted(&b), (vec![], 1));
+            assert_eq!(b.rows_removed, 0);
+            let b = d.process(vec![], 9 * MIN, 10 * MIN).unwrap();
+            assert_eq!(b.rows_removed, 1);
+            // Expired: the key is emitted again.
+            let b = d
+                .process(vec![rows(&[(Some("g"), 25)])], 10 * MIN, 10 * MIN)
+                .unwrap();
+            assert_eq!(emitted(&b).0, vec![(s("g"), 25)]);
+        }
     }
 
     #[test]
     fn keys_without_the_event_time_are_never_evicted_but_late_rows_still_drop() {
-        let dir = tempfile::tempdir().unwrap();
-        let info = DedupInfo {
-            keys: vec!["user_id".into()],
-            time: Some("t".into()),
-            within_watermark_us: None,
-        };
-        assert!(!info.evicts());
-        let mut d = op(info, dir.path());
-        d.process(vec![rows(&[(Some("a"), 10)])], 0, 0).unwrap();
-        let b = d
-            .process(
-                vec![rows(&[(Some("a"), 50), (Some("b"), 5)])],
-                20 * MIN,
-                60 * MIN,
-            )
-            .unwrap();
-        assert_eq!(emitted(&b), (vec![], 1));
-        assert_eq!((b.dropped_late, b.rows_removed), (1, 0));
-        // State survives a commit and a reload.
-        d.commit(1).unwrap();
-        let mut again = op(d.info().clone(), dir.path());
-        again.state_mut().load(1).unwrap();
-        let b = again.process(vec![rows(&[(Some("a"), 70)])], 0, 0).unwrap();
-        assert_eq!(emitted(&b), (vec![], 1));
+        for kind in kinds() {
+            let dir = tempfile::tempdir().unwrap();
+            let info = DedupInfo {
+                keys: vec!["user_id".into()],
+                time: Some("t".into()),
+                within_watermark_us: None,
+            };
+            assert!(!info.evicts());
+            let mut d = op(info, dir.path(), kind);
+            d.process(vec![rows(&[(Some("a"), 10)])], 0, 0).unwrap();
+            let b = d
+                .process(
+                    vec![rows(&[(Some("a"), 50), (Some("b"), 5)])],
+                    20 * MIN,
+                    60 * MIN,
+                )
+                .unwrap();
+            assert_eq!(emitted(&b), (vec![], 1));
+            assert_eq!((b.dropped_late, b.rows_removed), (1, 0));
+            // State survives a commit and a reload.
+            d.commit(1).unwrap();
+            let mut again = op(d.info().clone(), dir.path(), kind);
+            again.state_mut().load(1).unwrap();
+            let b = again.process(vec![rows(&[(Some("a"), 70)])], 0, 0).unwrap();
+            assert_eq!(emitted(&b), (vec![], 1));
+        }
     }
 }

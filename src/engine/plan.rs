@@ -1748,13 +1748,51 @@ fn top_aggregate_schema(plan: &LogicalPlan) -> Result<datafusion::common::DFSche
     found.ok_or_else(|| Error::Internal("no stateful aggregate in the plan".into()))
 }
 
-/// Spark's multiple-watermark policy `min` (spec §2.2): each node's watermark moves to
+/// How several watermarks make the global one (Spark's
+/// `spark.sql.streaming.multipleWatermarkPolicy`, the `multiple_watermark_policy` option).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WatermarkPolicy {
+    /// The slowest input sets the pace: nothing of any input is late before its time.
+    #[default]
+    Min,
+    /// The fastest input sets the pace: the slower ones' rows may be dropped as late.
+    Max,
+}
+
+impl WatermarkPolicy {
+    pub fn parse(s: &str) -> Result<WatermarkPolicy> {
+        match s.to_ascii_lowercase().as_str() {
+            "min" => Ok(WatermarkPolicy::Min),
+            "max" => Ok(WatermarkPolicy::Max),
+            other => Err(Error::InvalidOption {
+                message: format!("invalid multiple_watermark_policy \"{other}\""),
+                hint: Some("Use 'min' or 'max'.".into()),
+            }),
+        }
+    }
+
+    /// The sink's `multiple_watermark_policy` option (checked when the sink was created).
+    pub fn of(options: &crate::sql::options::Options) -> Result<WatermarkPolicy> {
+        WatermarkPolicy::parse(options.get("multiple_watermark_policy").unwrap_or("min"))
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WatermarkPolicy::Min => "min",
+            WatermarkPolicy::Max => "max",
+        }
+    }
+}
+
+/// Spark's multiple-watermark policies (spec §2.2): each node's watermark moves to
 /// `max event time - delay` when it saw rows and never goes down; unset nodes count as 0;
-/// the global watermark moves to the minimum only if that is larger.
+/// the global watermark moves to the minimum (`min`) or maximum (`max`) of the nodes' only
+/// if that is larger.
 pub fn advance_watermark(
     global_ms: i64,
     node_wms: &mut [Option<i64>],
     candidates: &[Option<i64>],
+    policy: WatermarkPolicy,
 ) -> i64 {
     for (wm, c) in node_wms.iter_mut().zip(candidates) {
         if let Some(c) = c {
@@ -1764,7 +1802,12 @@ pub fn advance_watermark(
     if node_wms.is_empty() {
         return global_ms;
     }
-    let chosen = node_wms.iter().map(|w| w.unwrap_or(0)).min().unwrap_or(0);
+    let values = node_wms.iter().map(|w| w.unwrap_or(0));
+    let chosen = match policy {
+        WatermarkPolicy::Min => values.min(),
+        WatermarkPolicy::Max => values.max(),
+    }
+    .unwrap_or(0);
     global_ms.max(chosen).max(0)
 }
 
@@ -1789,25 +1832,55 @@ mod tests {
         ));
     }
 
+    const MIN: WatermarkPolicy = WatermarkPolicy::Min;
+
+    #[test]
+    fn max_policy_follows_the_fastest_input() {
+        let max = WatermarkPolicy::Max;
+        let mut nodes = vec![None, None];
+        // One input has rows: the other counts as 0, the maximum is the first's.
+        assert_eq!(
+            advance_watermark(0, &mut nodes, &[Some(5_000), None], max),
+            5_000
+        );
+        assert_eq!(
+            advance_watermark(5_000, &mut nodes, &[None, Some(3_000)], max),
+            5_000
+        );
+        assert_eq!(
+            advance_watermark(5_000, &mut nodes, &[None, Some(9_000)], max),
+            9_000
+        );
+        // Never down, though the node that moved it is now behind the other's new rows.
+        assert_eq!(
+            advance_watermark(9_000, &mut nodes, &[Some(6_000), Some(1_000)], max),
+            9_000
+        );
+        assert_eq!(nodes, vec![Some(6_000), Some(9_000)]);
+    }
+
     #[test]
     fn min_policy_waits_for_every_watermarked_input() {
         let mut nodes = vec![None, None];
         // Only the first input has rows: unset counts as 0.
-        assert_eq!(advance_watermark(0, &mut nodes, &[Some(5_000), None]), 0);
+        assert_eq!(
+            advance_watermark(0, &mut nodes, &[Some(5_000), None], MIN),
+            0
+        );
         assert_eq!(nodes, vec![Some(5_000), None]);
         // Both have rows: the minimum.
         assert_eq!(
-            advance_watermark(0, &mut nodes, &[None, Some(3_000)]),
+            advance_watermark(0, &mut nodes, &[None, Some(3_000)], MIN),
             3_000
         );
         // A node's watermark never goes down; the global never goes down.
         assert_eq!(
-            advance_watermark(3_000, &mut nodes, &[Some(1_000), Some(2_000)]),
+            advance_watermark(3_000, &mut nodes, &[Some(1_000), Some(2_000)], MIN),
             3_000
         );
         assert_eq!(nodes, vec![Some(5_000), Some(3_000)]);
         assert_eq!(
-            advance_watermark(3_000, &mut nodes, &[Some(9_000), Some(8_000)]),
+            advance_watermark(3_000, &mut nodes, &[Some(9_000), Some(8_000)], MIN),
             8_000
         );
     }
@@ -1815,10 +1888,13 @@ mod tests {
     #[test]
     fn one_watermark_is_its_own_maximum_and_never_negative() {
         let mut nodes = vec![None];
-        assert_eq!(advance_watermark(0, &mut nodes, &[Some(-600_000)]), 0);
-        assert_eq!(advance_watermark(0, &mut nodes, &[Some(10_000)]), 10_000);
-        assert_eq!(advance_watermark(10_000, &mut nodes, &[None]), 10_000);
+        assert_eq!(advance_watermark(0, &mut nodes, &[Some(-600_000)], MIN), 0);
+        assert_eq!(
+            advance_watermark(0, &mut nodes, &[Some(10_000)], MIN),
+            10_000
+        );
+        assert_eq!(advance_watermark(10_000, &mut nodes, &[None], MIN), 10_000);
         // No watermark at all: nothing moves.
-        assert_eq!(advance_watermark(7, &mut [], &[]), 7);
+        assert_eq!(advance_watermark(7, &mut [], &[], MIN), 7);
     }
 }

@@ -23,7 +23,7 @@ use super::dedup::DedupOperator;
 use super::operator::StatefulOperator;
 use super::plan::{
     DedupMode, OperatorKind, StateConfig, StreamInput, StreamingPlan, WatermarkNode,
-    advance_watermark,
+    WatermarkPolicy, advance_watermark,
 };
 use super::progress::{
     EventTimeProgress, Progress, Registry, SinkProgress, SourceProgress, StateOperatorProgress,
@@ -177,6 +177,10 @@ pub fn checkpoint_definition(
         group_keys,
         aggregates,
         watermark_column: shape.watermarks.first().map(|w| w.spec.column.clone()),
+        watermark_policy: WatermarkPolicy::of(&def.options)
+            .unwrap_or_default()
+            .as_str()
+            .to_string(),
         output_mode: shape.mode.as_str().to_string(),
         state_partitions: def.state_partitions,
         state_store: def.state_store.as_str().to_string(),
@@ -319,8 +323,15 @@ pub fn explain(def: &SinkDef, streams: &[&StreamDef], shape: &SinkShape) -> Resu
         }
     ));
     if shape.watermarks.len() > 1 {
-        lines
-            .push("  Watermark: the minimum of the inputs' (multipleWatermarkPolicy = min)".into());
+        let policy = WatermarkPolicy::of(&def.options)?;
+        lines.push(format!(
+            "  Watermark: the {} of the inputs' (multipleWatermarkPolicy = {})",
+            match policy {
+                WatermarkPolicy::Min => "minimum",
+                WatermarkPolicy::Max => "maximum",
+            },
+            policy.as_str()
+        ));
     }
     for l in shape.plan_text.lines() {
         lines.push(format!("  {l}"));
@@ -519,6 +530,8 @@ struct Runner {
     operator_names: Vec<&'static str>,
     /// Each watermark node's own watermark (ms): in memory only, as Spark keeps it (§2.2).
     node_watermarks: Vec<Option<i64>>,
+    /// How they make the global watermark.
+    watermark_policy: WatermarkPolicy,
     registry: Arc<Registry>,
     run_id: Uuid,
 }
@@ -672,6 +685,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         plan,
         operator_names,
         node_watermarks,
+        watermark_policy: WatermarkPolicy::of(&def.options)?,
         registry: task.registry.clone(),
         run_id,
         def,
@@ -736,7 +750,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                             conf: BTreeMap::from([
                                 (
                                     "spark.sql.streaming.multipleWatermarkPolicy".to_string(),
-                                    "min".to_string(),
+                                    runner.watermark_policy.as_str().to_string(),
                                 ),
                                 (
                                     "spark.sql.shuffle.partitions".to_string(),
@@ -792,7 +806,12 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                     .zip(&stats.event_time)
                     .map(|(w, e)| (e.count > 0).then(|| e.max.div_euclid(1000) - delay_ms(&w.spec)))
                     .collect();
-                global_wm = advance_watermark(global_wm, &mut runner.node_watermarks, &candidates);
+                global_wm = advance_watermark(
+                    global_wm,
+                    &mut runner.node_watermarks,
+                    &candidates,
+                    runner.watermark_policy,
+                );
                 let t = Instant::now();
                 runner.ckpt.write_commit(
                     b.id,

@@ -63,6 +63,14 @@ const DEDUPLICATE: OptionSpec = OptionSpec::new(
      watermark passes its event time, when that is a key); within_watermark, duplicates \
      within the watermark delay of the first row; fixed once the checkpoint exists",
 );
+const MULTIPLE_WATERMARK_POLICY: OptionSpec = OptionSpec::new(
+    "multiple_watermark_policy",
+    OptionType::OneOf(&["min", "max"]),
+    Some("min"),
+    "How the watermarks of several streams make the query's: min, the slowest stream's; \
+     max, the fastest's (Spark's spark.sql.streaming.multipleWatermarkPolicy); fixed once the \
+     checkpoint exists",
+);
 const MAX_FILES_PER_TRIGGER: OptionSpec = OptionSpec::new(
     "max_files_per_trigger",
     OptionType::PositiveInt,
@@ -104,6 +112,7 @@ pub const SINK_OPTIONS: OptionTable = OptionTable {
         ),
         CHECKPOINT_LOCATION,
         WATERMARK,
+        MULTIPLE_WATERMARK_POLICY,
         STATE_PARTITIONS,
         STATE_STORE,
         DEDUPLICATE,
@@ -135,6 +144,7 @@ pub const VIEW_OPTIONS: OptionTable = OptionTable {
         ),
         CHECKPOINT_LOCATION,
         WATERMARK,
+        MULTIPLE_WATERMARK_POLICY,
         STATE_PARTITIONS,
         STATE_STORE,
         DEDUPLICATE,

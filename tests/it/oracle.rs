@@ -456,7 +456,7 @@ async fn rate_micro_batch_matches_spark() {
 /// Plans with several stateful operators and several watermarks (`tests/oracle/multi/`,
 /// made by `spark_multi.py` beside the input files): a 10-minute count per page chained
 /// into a 1-hour window over `window_time`, and a window count over the `UNION ALL` of two
-/// streams with their own watermarks (policy min). Batch by batch, as Spark: input rows, the
+/// streams with their own watermarks (policies min and max). Batch by batch, as Spark: input rows, the
 /// watermark in force, rows emitted; and every emitted row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chained_aggregations_and_unions_match_spark() {
@@ -491,6 +491,11 @@ async fn chained_aggregations_and_unions_match_spark() {
              CREATE SINK unioned WITH (trigger = 'available_now') AS
                SELECT window.start AS ws, count(*) AS n
                FROM (SELECT event_time, page FROM a UNION ALL SELECT event_time, page FROM b)
+               GROUP BY window(event_time, '10 minutes');
+             CREATE SINK unioned_max WITH (trigger = 'available_now',
+               multiple_watermark_policy = 'max') AS
+               SELECT window.start AS ws, count(*) AS n
+               FROM (SELECT event_time, page FROM a UNION ALL SELECT event_time, page FROM b)
                GROUP BY window(event_time, '10 minutes')",
             stream("clicks", "10 minutes"),
             stream("a", "5 minutes"),
@@ -498,12 +503,11 @@ async fn chained_aggregations_and_unions_match_spark() {
         ))
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
-    for (sink, columns) in [("chained", "hour, clicks, windows"), ("unioned", "ws, n")] {
-        let shape = if sink == "chained" {
-            "chained"
-        } else {
-            "union"
-        };
+    for (sink, shape, columns) in [
+        ("chained", "chained", "hour, clicks, windows"),
+        ("unioned", "union", "ws, n"),
+        ("unioned_max", "union_max", "ws, n"),
+    ] {
         crate::harness::poll("the available_now run to finish", || async {
             let s = rows(
                 &client,

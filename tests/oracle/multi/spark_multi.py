@@ -4,7 +4,8 @@
            page, then a 1-hour window over window_time(window) summing those counts
            (two stateful operators, append mode);
   union:   a/ (watermark 5 minutes) UNION ALL b/ (watermark 20 minutes); a 10-minute
-           window count (two watermarks, policy min).
+           window count (two watermarks, policy min);
+  union_max: the same under spark.sql.streaming.multipleWatermarkPolicy = max.
 
 Each runs with availableNow and maxFilesPerTrigger 1, the files' mtimes in name order.
 Written per shape to OUT_DIR/<shape>/: output.csv (every emitted row, sorted) and
@@ -83,4 +84,11 @@ b = read("b").withWatermark("event_time", "20 minutes")
 both = (a.unionAll(b).groupBy(F.window("event_time", "10 minutes"))
         .agg(F.count("*").alias("n")).select(F.col("window.start").alias("ws"), "n"))
 run("union", both, ["ws", "n"])
+
+spark.conf.set("spark.sql.streaming.multipleWatermarkPolicy", "max")
+a = read("a").withWatermark("event_time", "5 minutes")
+b = read("b").withWatermark("event_time", "20 minutes")
+both = (a.unionAll(b).groupBy(F.window("event_time", "10 minutes"))
+        .agg(F.count("*").alias("n")).select(F.col("window.start").alias("ws"), "n"))
+run("union_max", both, ["ws", "n"])
 spark.stop()
