@@ -333,11 +333,14 @@ mod tests {
         .unwrap()
     }
 
+    /// The operator over an empty state (version 0), as a query's first batch opens it.
     fn op(info: DedupInfo, dir: &std::path::Path, kind: StoreKind) -> DedupOperator {
-        DedupOperator::try_new(info, &schema(), 2, |layout| {
+        let mut op = DedupOperator::try_new(info, &schema(), 2, |layout| {
             crate::state::open(kind, dir, layout)
         })
-        .unwrap()
+        .unwrap();
+        op.state_mut().load(0).unwrap();
+        op
     }
 
     /// The stores this build has: every test runs on each.
@@ -471,7 +474,9 @@ mod tests {
             assert_eq!((b.dropped_late, b.rows_removed), (1, 0));
             // State survives a commit and a reload.
             d.commit(1).unwrap();
-            let mut again = op(d.info().clone(), dir.path(), kind);
+            let info = d.info().clone();
+            drop(d);
+            let mut again = op(info, dir.path(), kind);
             again.state_mut().load(1).unwrap();
             let b = again.process(vec![rows(&[(Some("a"), 70)])], 0, 0).unwrap();
             assert_eq!(emitted(&b), (vec![], 1));
