@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use futures::StreamExt;
 use tokio::sync::{Notify, watch};
@@ -243,13 +243,28 @@ pub async fn analyze_sink(
     shape_of(query, &plan)
 }
 
+/// The signed type that holds an unsigned one's values: Delta tables and Postgres have no
+/// unsigned integers (DataFusion's `approx_distinct` and `row_number` are UInt64). A UInt64
+/// above `i64::MAX` does not fit; counts never get there.
+fn signed(t: &DataType) -> DataType {
+    match t {
+        DataType::UInt8 => DataType::Int16,
+        DataType::UInt16 => DataType::Int32,
+        DataType::UInt32 | DataType::UInt64 => DataType::Int64,
+        other => other.clone(),
+    }
+}
+
 /// What a built plan writes and how.
 fn shape_of(query: &str, plan: &StreamingPlan) -> Result<SinkShape> {
     let fields: Vec<Field> = plan
         .output_schema()
         .fields()
         .iter()
-        .map(|f| f.as_ref().clone().with_nullable(true))
+        .map(|f| {
+            let t = signed(f.data_type());
+            f.as_ref().clone().with_nullable(true).with_data_type(t)
+        })
         .collect();
     let mut names = HashSet::new();
     for f in &fields {
