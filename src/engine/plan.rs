@@ -1558,7 +1558,16 @@ impl StreamingPlan {
         }
         // The row_number() = 1 pattern became a deduplication; other window functions
         // remain.
-        if plan.exists(|n| Ok(matches!(n, LogicalPlan::Window(_))))? {
+        let mut window = false;
+        plan.apply_with_subqueries(|n| {
+            window |= matches!(n, LogicalPlan::Window(_));
+            Ok(if window {
+                TreeNodeRecursion::Stop
+            } else {
+                TreeNodeRecursion::Continue
+            })
+        })?;
+        if window {
             return Err(Error::Unsupported {
                 message: "window functions (OVER) are not supported on streams".into(),
                 hint: Some(
