@@ -627,20 +627,6 @@ impl AggregateOperator {
         key_time_columns(&self.info, &self.input_schema)
     }
 
-    /// Rows of `batch` whose key time is `<= wm_us` (true) or not (false). NULL times are
-    /// never late.
-    fn at_or_before(batch: &RecordBatch, column: usize, wm_us: i64) -> Result<BooleanArray> {
-        let c = cast(
-            batch.column(column),
-            &DataType::Timestamp(TimeUnit::Microsecond, None),
-        )?;
-        let c = cast(&c, &DataType::Int64)?;
-        Ok(c.as_primitive::<Int64Type>()
-            .iter()
-            .map(|v| Some(v.is_some_and(|v| v <= wm_us)))
-            .collect())
-    }
-
     fn exec_over(
         &self,
         batches: Vec<RecordBatch>,
@@ -721,10 +707,8 @@ impl AggregateOperator {
             let b = RecordBatch::try_new(self.input_schema.clone(), b.columns().to_vec())?;
             let b = match (key_time, late_filter) {
                 (Some((_, col)), true) if wm_late_us > 0 => {
-                    let late = Self::at_or_before(&b, col, wm_late_us)?;
-                    let keep = datafusion::arrow::compute::not(&late)?;
-                    let kept = filter_record_batch(&b, &keep)?;
-                    out.dropped_late += (b.num_rows() - kept.num_rows()) as u64;
+                    let (kept, late) = drop_late(&b, col, wm_late_us)?;
+                    out.dropped_late += late;
                     kept
                 }
                 _ => b,
@@ -895,6 +879,29 @@ impl AggregateOperator {
 }
 
 pub type ArrayRefs = Vec<ArrayRef>;
+
+/// `batch` without its rows whose time in `column` (a timestamp) is at or before `wm_us`,
+/// and how many those were: the late-row filter of every stateful operator (spec §3.1).
+/// NULL times are never late.
+pub(crate) fn drop_late(
+    batch: &RecordBatch,
+    column: usize,
+    wm_us: i64,
+) -> Result<(RecordBatch, u64)> {
+    let c = cast(
+        batch.column(column),
+        &DataType::Timestamp(TimeUnit::Microsecond, None),
+    )?;
+    let c = cast(&c, &DataType::Int64)?;
+    let keep: BooleanArray = c
+        .as_primitive::<Int64Type>()
+        .iter()
+        .map(|v| Some(v.is_none_or(|v| v > wm_us)))
+        .collect();
+    let kept = filter_record_batch(batch, &keep)?;
+    let late = (batch.num_rows() - kept.num_rows()) as u64;
+    Ok((kept, late))
+}
 
 /// Index of the key-time column in state rows, and in the aggregation's input rows.
 fn key_time_columns(info: &AggregateInfo, input_schema: &Schema) -> Option<(usize, usize)> {

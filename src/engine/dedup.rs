@@ -27,6 +27,7 @@ use datafusion::arrow::compute::{cast, concat_batches, filter_record_batch, take
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, TimeUnit};
 use datafusion::arrow::row::{RowConverter, SortField};
 
+use super::aggregate::drop_late;
 use super::operator::OperatorBatch;
 use crate::error::{Error, Result};
 use crate::state::{StateLayout, StateMetrics, StateStore};
@@ -225,14 +226,8 @@ impl DedupOperator {
             let b = RecordBatch::try_new(self.input_schema.clone(), b.columns().to_vec())?;
             let b = match self.time_index {
                 Some(t) if wm_late_us > 0 => {
-                    // NULL times are never late.
-                    let keep: BooleanArray = micros(b.column(t))?
-                        .as_primitive::<Int64Type>()
-                        .iter()
-                        .map(|v| Some(v.is_none_or(|v| v > wm_late_us)))
-                        .collect();
-                    let kept = filter_record_batch(&b, &keep)?;
-                    out.dropped_late += (b.num_rows() - kept.num_rows()) as u64;
+                    let (kept, late) = drop_late(&b, t, wm_late_us)?;
+                    out.dropped_late += late;
                     kept
                 }
                 _ => b,

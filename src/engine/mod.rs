@@ -447,7 +447,7 @@ impl Engine {
         let state = StateConfig {
             store: state_store.as_str().to_string(),
             partitions: state_partitions,
-            dedup: DedupMode::parse(cs.options.get("deduplicate").unwrap_or("first"))?,
+            dedup: DedupMode::of(&cs.options)?,
         };
         let shape =
             query::analyze_sink(&cs.query, &streams, watermark.as_ref(), mode, &state).await?;
@@ -1406,7 +1406,6 @@ fn state_config(def: &SinkDef) -> StateConfig {
         store: def.state_store.as_str().to_string(),
         partitions: def.state_partitions,
         // Checked when the sink was created.
-        dedup: DedupMode::parse(def.options.get("deduplicate").unwrap_or("first"))
-            .unwrap_or_default(),
+        dedup: DedupMode::of(&def.options).unwrap_or_default(),
     }
 }

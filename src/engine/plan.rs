@@ -1329,6 +1329,11 @@ pub enum DedupMode {
 }
 
 impl DedupMode {
+    /// The sink's `deduplicate` option.
+    pub fn of(options: &crate::sql::options::Options) -> Result<DedupMode> {
+        DedupMode::parse(options.get("deduplicate").unwrap_or("first"))
+    }
+
     pub fn parse(s: &str) -> Result<DedupMode> {
         match s.to_ascii_lowercase().as_str() {
             "first" => Ok(DedupMode::First),

@@ -621,7 +621,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
     let state = StateConfig {
         store: def.state_store.as_str().to_string(),
         partitions: def.state_partitions,
-        dedup: DedupMode::parse(def.options.get("deduplicate").unwrap_or("first"))?,
+        dedup: DedupMode::of(&def.options)?,
     };
     let plan = build_plan(&def.query, &streams, sink_wm.as_ref(), mode, &state).await?;
     let shape = shape_of(&def.query, &plan)?;

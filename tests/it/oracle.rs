@@ -105,6 +105,26 @@ fn progress_ts(ts: &str) -> String {
     format!("{}.{:0<3.3}Z", date_time.replace(' ', "T"), frac)
 }
 
+/// A query's rows as the `spark_multi.py`/`spark_dedup.py` CSVs write them, sorted: NULL
+/// empty, timestamps without the zone and without a zero fraction.
+async fn sorted_rows(client: &Client, sql: &str) -> Vec<Vec<String>> {
+    let mut out: Vec<Vec<String>> = rows(client, sql)
+        .await
+        .into_iter()
+        .map(|r| {
+            r.into_iter()
+                .map(|v| {
+                    let v = v.unwrap_or_default();
+                    let v = v.trim_end_matches("+00");
+                    v.strip_suffix(".000000").unwrap_or(v).to_string()
+                })
+                .collect()
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 fn read_csv(path: &Path) -> Vec<Vec<String>> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     text.lines()
@@ -542,20 +562,7 @@ async fn chained_aggregations_and_unions_match_spark() {
             "{sink}: batches (id, input rows, watermark, rows emitted)\n{}",
             server.log()
         );
-        let mut table: Vec<Vec<String>> = rows(&client, &format!("SELECT {columns} FROM {sink}"))
-            .await
-            .into_iter()
-            .map(|r| {
-                r.into_iter()
-                    .map(|v| {
-                        let v = v.unwrap_or_default();
-                        let v = v.trim_end_matches("+00");
-                        v.strip_suffix(".000000").unwrap_or(v).to_string()
-                    })
-                    .collect()
-            })
-            .collect();
-        table.sort();
+        let table = sorted_rows(&client, &format!("SELECT {columns} FROM {sink}")).await;
         assert_eq!(
             table,
             read_csv(&case.join(shape).join("output.csv")),
@@ -648,22 +655,6 @@ async fn deduplication_matches_spark() {
         .batch_execute(&sql)
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
-    let canonical = |rows: Vec<Vec<Option<String>>>| {
-        let mut rows: Vec<Vec<String>> = rows
-            .into_iter()
-            .map(|r| {
-                r.into_iter()
-                    .map(|v| {
-                        let v = v.unwrap_or_default();
-                        let v = v.trim_end_matches("+00");
-                        v.strip_suffix(".000000").unwrap_or(v).to_string()
-                    })
-                    .collect()
-            })
-            .collect();
-        rows.sort();
-        rows
-    };
     for (sink, shape, _, _, columns) in &shapes {
         for name in [sink.to_string(), format!("{sink}_view")] {
             crate::harness::poll("the available_now run to finish", || async {
@@ -716,13 +707,13 @@ async fn deduplication_matches_spark() {
              total/updated/removed, dropped late, dropped duplicates)\n{}",
             server.log()
         );
-        let table = canonical(rows(&client, &format!("SELECT {columns} FROM {sink}")).await);
+        let table = sorted_rows(&client, &format!("SELECT {columns} FROM {sink}")).await;
         assert_eq!(
             table,
             read_csv(&case.join(shape).join("output.csv")),
             "{sink}: every row emitted"
         );
-        let view = canonical(rows(&client, &format!("SELECT {columns} FROM {sink}_view")).await);
+        let view = sorted_rows(&client, &format!("SELECT {columns} FROM {sink}_view")).await;
         assert_eq!(view, table, "{sink}: the view holds the sink's rows");
     }
     drop(client);
