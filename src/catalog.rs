@@ -88,6 +88,8 @@ pub fn options_markdown() -> String {
     for t in option_tables() {
         let title = if t.object == "sink" {
             "Sinks (every connector)".to_string()
+        } else if t.object == "table" {
+            "Tables".to_string()
         } else if t.connector.is_empty() {
             "Materialized views".to_string()
         } else {
@@ -130,7 +132,7 @@ pub fn option_table(kind: QueryKind) -> &'static crate::sql::options::OptionTabl
 
 /// Every connector's option table, streams then sinks: `SHOW OPTIONS`, `tidemark.options`
 /// and the docs list these.
-pub fn option_tables() -> [&'static crate::sql::options::OptionTable; 8] {
+pub fn option_tables() -> [&'static crate::sql::options::OptionTable; 9] {
     [
         &crate::source::file::OPTIONS,
         &crate::source::table::OPTIONS,
@@ -140,6 +142,7 @@ pub fn option_tables() -> [&'static crate::sql::options::OptionTable; 8] {
         &crate::source::nexmark::OPTIONS,
         &crate::sink::SINK_OPTIONS,
         &crate::sink::VIEW_OPTIONS,
+        &crate::sink::TABLE_OPTIONS,
     ]
 }
 
@@ -609,6 +612,10 @@ pub struct SinkDef {
     /// Where the state lives; fixed once the checkpoint exists.
     #[serde(default)]
     pub state_store: crate::state::StoreKind,
+    /// A MERGE sink's MERGE: `query` is its `USING` query, run over each micro-batch as
+    /// a static table, and `path` the target table's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merge: Option<crate::sql::merge::MergeSpec>,
 }
 
 impl SinkDef {
@@ -616,6 +623,7 @@ impl SinkDef {
     pub fn connector(&self) -> Result<crate::sink::SinkConnector> {
         match self.kind {
             QueryKind::MaterializedView => Ok(crate::sink::SinkConnector::View),
+            QueryKind::Sink if self.merge.is_some() => Ok(crate::sink::SinkConnector::DeltaMerge),
             QueryKind::Sink => {
                 crate::sink::SinkConnector::parse(self.options.get("connector").unwrap_or("delta"))
             }
@@ -656,6 +664,27 @@ pub struct Catalog {
     pub version: u32,
     pub streams: Vec<StreamDef>,
     pub sinks: Vec<SinkDef>,
+    /// Tables made with `CREATE TABLE` (catalogs written before tables have none).
+    #[serde(default)]
+    pub tables: Vec<TableDef>,
+}
+
+/// A table made with `CREATE TABLE`: a Delta table, read and changed by ordinary
+/// statements, the target of MERGE sinks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TableDef {
+    pub name: String,
+    /// The Delta table's directory.
+    pub path: PathBuf,
+    /// The `PRIMARY KEY` columns (informational, as in Delta: NOT NULL, not unique).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub primary_key: Vec<String>,
+    /// The options as written.
+    pub options: Options,
+    /// Whether `path` is the default location, in the data directory: only then does
+    /// `DROP TABLE ... PURGE` delete it.
+    #[serde(default)]
+    pub owns_path: bool,
 }
 
 impl Catalog {
@@ -718,6 +747,10 @@ impl Catalog {
 
     pub fn sink_mut(&mut self, name: &str) -> Option<&mut SinkDef> {
         self.sinks.iter_mut().find(|s| s.name == name)
+    }
+
+    pub fn table(&self, name: &str) -> Option<&TableDef> {
+        self.tables.iter().find(|t| t.name == name)
     }
 }
 

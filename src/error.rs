@@ -25,6 +25,7 @@ pub enum SqlState {
     InvalidBinaryRepresentation,
     InsufficientResources,
     NotNullViolation,
+    CardinalityViolation,
     BadCopyFileFormat,
     WrongObjectType,
     QueryCanceled,
@@ -53,6 +54,7 @@ impl SqlState {
             SqlState::InvalidBinaryRepresentation => "22P03",
             SqlState::InsufficientResources => "53000",
             SqlState::NotNullViolation => "23502",
+            SqlState::CardinalityViolation => "21000",
             SqlState::BadCopyFileFormat => "22P04",
             SqlState::WrongObjectType => "42809",
             SqlState::QueryCanceled => "57014",
@@ -108,6 +110,9 @@ pub enum Error {
         "null value in column \"{column}\" of relation \"{relation}\" violates not-null constraint"
     )]
     NotNullViolation { column: String, relation: String },
+    /// A MERGE that would change one target row twice.
+    #[error("{0}")]
+    Cardinality(String),
     /// An object of the wrong kind for the statement (COPY into a sink, say).
     #[error("{0}")]
     WrongObjectType(String),
@@ -161,6 +166,7 @@ impl Error {
             Error::IncompatibleCheckpoint { .. } => SqlState::ObjectNotInPrerequisiteState,
             Error::BadInput(_) => SqlState::InvalidTextRepresentation,
             Error::NotNullViolation { .. } => SqlState::NotNullViolation,
+            Error::Cardinality(_) => SqlState::CardinalityViolation,
             Error::UndefinedColumn { .. } => SqlState::UndefinedColumn,
             Error::WrongObjectType(_) => SqlState::WrongObjectType,
             Error::QueryCanceled(_) => SqlState::QueryCanceled,

@@ -5,6 +5,7 @@
 
 pub mod aggregate;
 pub mod dedup;
+mod delta_tables;
 pub mod operator;
 pub mod plan;
 pub mod progress;
@@ -135,6 +136,12 @@ impl Engine {
                     }
                     _ => return Err(e),
                 }
+            }
+        }
+        for t in &catalog.tables {
+            if let Err(e) = engine.register_table(t).await {
+                // A table removed while the server was down must not stop startup.
+                tracing::warn!(table = %t.name, error = %e, "table is not readable");
             }
         }
         for s in &catalog.sinks {
@@ -310,6 +317,24 @@ impl Engine {
             TidemarkStatement::Optimize { name, zorder } => self.optimize(&name, &zorder).await,
             // The wire checks the transaction block; there is nothing to undo.
             TidemarkStatement::Savepoint(c) => Ok(Output::Command(c.tag().into())),
+            TidemarkStatement::CreateTable(ct) => self.create_table(ct).await,
+            TidemarkStatement::DropTable {
+                name,
+                if_exists,
+                purge,
+            } => self.drop_table(&name, if_exists, purge).await,
+            TidemarkStatement::Merge(spec) => self.merge(spec).await,
+            TidemarkStatement::Update {
+                table,
+                assignments,
+                predicate,
+            } => {
+                self.update(&table, &assignments, predicate.as_deref())
+                    .await
+            }
+            TidemarkStatement::Delete { table, predicate } => {
+                self.delete(&table, predicate.as_deref()).await
+            }
             TidemarkStatement::CopyFrom(c) => Err(Error::unsupported(format!(
                 "COPY {} FROM STDIN needs a client that sends the data (psql's \\copy, a driver)",
                 c.table
@@ -323,6 +348,8 @@ impl Engine {
             Some("stream")
         } else if let Some(def) = cat.sink(name) {
             Some(def.kind.noun())
+        } else if cat.table(name).is_some() {
+            Some("table")
         } else if self
             .ctx
             .table_exist(TableReference::bare(name.to_string()))
@@ -376,6 +403,15 @@ impl Engine {
         };
         let table = crate::catalog::option_table(cs.kind);
         cs.options.check(table)?;
+        let merge_path = match &cs.merge {
+            Some(merge) => Some(self.merge_sink_target(cat, cs, merge, connector)?),
+            None => None,
+        };
+        let connector = if merge_path.is_some() {
+            SinkConnector::DeltaMerge
+        } else {
+            connector
+        };
         let trigger = Trigger::parse(cs.options.get("trigger").unwrap_or("default"))?;
         let default_mode = table
             .get("output_mode")
@@ -448,9 +484,17 @@ impl Engine {
             store: state_store.as_str().to_string(),
             partitions: state_partitions,
             dedup: DedupMode::of(&cs.options)?,
+            per_batch: cs.merge.is_some(),
         };
         let shape =
             query::analyze_sink(&cs.query, &streams, watermark.as_ref(), mode, &state).await?;
+        if let (Some(merge), Some(path)) = (&cs.merge, &merge_path) {
+            // A target that does not exist yet is made with the source's columns.
+            let target = crate::sink::delta::merge::existing_schema(path)
+                .await?
+                .unwrap_or_else(|| shape.schema.clone());
+            delta_tables::check_merge(merge, &target, &shape.schema).await?;
+        }
         if connector == SinkConnector::View {
             crate::sink::view::Retention::from_options(&cs.options, &shape.output())?;
         }
@@ -460,6 +504,7 @@ impl Engine {
         };
         // A view's rows live in its checkpoint, so that the two always match.
         let path = match (cs.kind, cs.options.get("path")) {
+            _ if merge_path.is_some() => merge_path.clone().unwrap_or_default(),
             (QueryKind::MaterializedView, _) => checkpoint.join("view"),
             (_, Some(p)) => absolute(p)?,
             (_, None) => self.data_dir.join("tables").join(&cs.name),
@@ -480,9 +525,54 @@ impl Engine {
                 owns_checkpoint,
                 state_partitions,
                 state_store,
+                merge: cs.merge.clone(),
             },
             shape,
         ))
+    }
+
+    /// A MERGE sink's target directory, after the checks of its options: the connector is
+    /// Delta's, the target says where the rows go, each batch's rows are appended to the
+    /// MERGE (no output mode but append).
+    fn merge_sink_target(
+        &self,
+        cat: &Catalog,
+        cs: &CreateSink,
+        merge: &crate::sql::merge::MergeSpec,
+        connector: SinkConnector,
+    ) -> Result<PathBuf> {
+        if connector != SinkConnector::Delta {
+            return Err(Error::invalid_option(format!(
+                "a MERGE sink writes a Delta table; connector = '{}' is not allowed",
+                connector.name()
+            )));
+        }
+        for option in ["path", "auto_compact"] {
+            if cs.options.get(option).is_some() {
+                return Err(Error::InvalidOption {
+                    message: format!("a MERGE sink takes no {option} option"),
+                    hint: Some(
+                        "The MERGE's target names the table; compact it with OPTIMIZE.".into(),
+                    ),
+                });
+            }
+        }
+        if let Some(mode) = cs.options.get("output_mode")
+            && mode != "append"
+        {
+            return Err(Error::InvalidOption {
+                message: format!(
+                    "a MERGE sink runs its MERGE over each micro-batch's rows; output_mode = \
+                     '{mode}' does not apply"
+                ),
+                hint: Some(
+                    "Leave output_mode out: the USING query runs over each batch as a static \
+                     table, as in Spark's foreachBatch."
+                        .into(),
+                ),
+            });
+        }
+        self.merge_target(cat, &merge.target)
     }
 
     async fn create_sink(&self, cs: CreateSink) -> Result<Output> {
@@ -1024,11 +1114,16 @@ impl Engine {
     async fn optimize(&self, name: &str, zorder: &[String]) -> Result<Output> {
         let (connector, path) = {
             let cat = self.catalog.lock().await;
-            let def = cat.sink(name).ok_or_else(|| Error::UndefinedObject {
-                kind: "sink",
-                name: name.to_string(),
-            })?;
-            (def.connector()?, def.path.clone())
+            match (cat.table(name), cat.sink(name)) {
+                (Some(t), _) => (SinkConnector::Delta, t.path.clone()),
+                (None, Some(def)) => (def.connector()?, def.path.clone()),
+                (None, None) => {
+                    return Err(Error::UndefinedObject {
+                        kind: "sink",
+                        name: name.to_string(),
+                    });
+                }
+            }
         };
         if !zorder.is_empty() {
             let columns = self.ctx.table_provider(name).await?.schema();
@@ -1368,7 +1463,7 @@ fn sink_streams(query: &str, cat: &Catalog) -> Result<Vec<String>> {
             if !streams.contains(&n) {
                 streams.push(n);
             }
-        } else if cat.sink(&n).is_some() || parts > 1 {
+        } else if cat.sink(&n).is_some() || cat.table(&n).is_some() || parts > 1 {
             return Err(Error::unsupported(format!(
                 "a sink's query reads streams only; \"{n}\" is not a stream (stream-table joins are not supported yet)"
             )));
@@ -1407,5 +1502,6 @@ fn state_config(def: &SinkDef) -> StateConfig {
         partitions: def.state_partitions,
         // Checked when the sink was created.
         dedup: DedupMode::of(&def.options).unwrap_or_default(),
+        per_batch: def.merge.is_some(),
     }
 }

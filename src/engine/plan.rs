@@ -824,6 +824,10 @@ pub struct StateConfig {
     pub store: String,
     pub partitions: usize,
     pub dedup: DedupMode,
+    /// The query runs over each micro-batch as a static table (a MERGE sink's `USING`
+    /// query, Spark's foreachBatch): aggregations, DISTINCT, window functions and LIMIT
+    /// apply to the batch alone, and no operator keeps state.
+    pub per_batch: bool,
 }
 
 /// A sink's query as a plan of sources, watermarks, stateful operators and the stateless
@@ -982,6 +986,9 @@ struct Builder<'a> {
 
 impl Builder<'_> {
     fn rewrite(&mut self, node: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
+        if self.state.per_batch && !matches!(node, LogicalPlan::TableScan(_)) {
+            return Ok(Transformed::no(node));
+        }
         match node {
             LogicalPlan::TableScan(scan) => {
                 let name = scan.table_name.table().to_string();
@@ -1494,12 +1501,13 @@ fn display_column(c: &str) -> String {
         .unwrap_or_else(|| c.to_string())
 }
 
-/// Refuses query shapes Tidemark does not run on streams (spec §5.2).
-fn check_shape(plan: &LogicalPlan) -> Result<()> {
+/// Refuses query shapes Tidemark does not run on streams (spec §5.2); over each batch
+/// alone (`per_batch`), a LIMIT is the batch's.
+fn check_shape(plan: &LogicalPlan, per_batch: bool) -> Result<()> {
     let mut err = None;
     plan.apply_with_subqueries(|node| {
         let refusal = match node {
-            LogicalPlan::Limit(_) => {
+            LogicalPlan::Limit(_) if !per_batch => {
                 Some(Error::unsupported("LIMIT is not supported in sinks yet"))
             }
             LogicalPlan::Join(_) => {
@@ -1542,7 +1550,7 @@ impl StreamingPlan {
             tables.push(table);
         }
         let plan = ctx.state().create_logical_plan(sql).await?;
-        check_shape(&plan)?;
+        check_shape(&plan, state.per_batch)?;
         let mut builder = Builder {
             sources: &sources,
             mode,
@@ -1572,7 +1580,7 @@ impl StreamingPlan {
                 TreeNodeRecursion::Continue
             })
         })?;
-        if window {
+        if window && !state.per_batch {
             return Err(Error::Unsupported {
                 message: "window functions (OVER) are not supported on streams".into(),
                 hint: Some(
@@ -1587,7 +1595,9 @@ impl StreamingPlan {
             .iter()
             .filter(|o| o.kind.aggregate().is_some())
             .count();
-        check_plan(&plan, aggregations, mode)?;
+        if !state.per_batch {
+            check_plan(&plan, aggregations, mode)?;
+        }
         // Deduplication never comes after an aggregation: the last operator is the top one.
         let output_time = match operators.last_mut().map(|o| &mut o.kind) {
             Some(OperatorKind::Aggregate(top)) => {

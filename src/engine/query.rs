@@ -246,7 +246,7 @@ pub async fn analyze_sink(
 /// The signed type that holds an unsigned one's values: Delta tables and Postgres have no
 /// unsigned integers (DataFusion's `approx_distinct` and `row_number` are UInt64). A UInt64
 /// above `i64::MAX` does not fit; counts never get there.
-fn signed(t: &DataType) -> DataType {
+pub(crate) fn signed(t: &DataType) -> DataType {
     match t {
         DataType::UInt8 => DataType::Int16,
         DataType::UInt16 => DataType::Int32,
@@ -290,7 +290,10 @@ fn shape_of(query: &str, plan: &StreamingPlan) -> Result<SinkShape> {
 /// The lines of `EXPLAIN CREATE SINK`: the sink, the emit rule, the streaming plan (from
 /// DataFusion's display of it, with its stateful nodes), the sources. Stable text.
 pub fn explain(def: &SinkDef, streams: &[&StreamDef], shape: &SinkShape) -> Result<Vec<String>> {
-    let write = shape.write_mode().describe();
+    let write = match &def.merge {
+        Some(_) => "merge".to_string(),
+        None => shape.write_mode().describe(),
+    };
     let connector = def.connector()?;
     let sink = match connector {
         SinkConnector::Delta => "DeltaSink".to_string(),
@@ -298,6 +301,7 @@ pub fn explain(def: &SinkDef, streams: &[&StreamDef], shape: &SinkShape) -> Resu
         SinkConnector::Noop => "NoopSink".to_string(),
         SinkConnector::File(f) => format!("FileSink[{}]", f.name()),
         SinkConnector::View => "MaterializedView".to_string(),
+        SinkConnector::DeltaMerge => "DeltaMergeSink".to_string(),
     };
     let path = if connector.has_path() {
         format!(" path={}", def.path.display())
@@ -309,34 +313,45 @@ pub fn explain(def: &SinkDef, streams: &[&StreamDef], shape: &SinkShape) -> Resu
         shape.mode.as_str(),
         def.trigger
     )];
-    lines.push(format!(
-        "  Emit: {}",
-        match &shape.aggregate {
-            None => "every row of every micro-batch (stateless, no state)".to_string(),
-            Some(a) => {
-                let closes = match a.key_time {
-                    Some(KeyTime::Window) => "window.end".to_string(),
-                    Some(KeyTime::Column(i)) => a.keys[i].to_string(),
-                    None => String::new(),
-                };
-                match (shape.mode, a.key_time.is_some()) {
-                    (OutputMode::Append, _) => {
-                        format!("each group once, when the watermark passes {closes}; then evicted")
-                    }
-                    (OutputMode::Update, true) => format!(
-                        "every group the batch updated; evicted silently once the watermark \
+    if let Some(merge) = &def.merge {
+        lines.push(format!(
+            "  Emit: every micro-batch's rows, as the source of one {} \
+             (committed with txn(query id, batch id): exactly once)",
+            merge.describe()
+        ));
+    } else {
+        lines.push(format!(
+            "  Emit: {}",
+            match &shape.aggregate {
+                None => "every row of every micro-batch (stateless, no state)".to_string(),
+                Some(a) => {
+                    let closes = match a.key_time {
+                        Some(KeyTime::Window) => "window.end".to_string(),
+                        Some(KeyTime::Column(i)) => a.keys[i].to_string(),
+                        None => String::new(),
+                    };
+                    match (shape.mode, a.key_time.is_some()) {
+                        (OutputMode::Append, _) => {
+                            format!(
+                                "each group once, when the watermark passes {closes}; then evicted"
+                            )
+                        }
+                        (OutputMode::Update, true) => format!(
+                            "every group the batch updated; evicted silently once the watermark \
                          passes {closes}"
-                    ),
-                    (OutputMode::Update, false) => {
-                        "every group the batch updated; nothing evicted".to_string()
-                    }
-                    (OutputMode::Complete, _) => {
-                        "the whole result every batch; nothing evicted, nothing late".to_string()
+                        ),
+                        (OutputMode::Update, false) => {
+                            "every group the batch updated; nothing evicted".to_string()
+                        }
+                        (OutputMode::Complete, _) => {
+                            "the whole result every batch; nothing evicted, nothing late"
+                                .to_string()
+                        }
                     }
                 }
             }
-        }
-    ));
+        ));
+    }
     if shape.watermarks.len() > 1 {
         let policy = WatermarkPolicy::of(&def.options)?;
         lines.push(format!(
@@ -622,6 +637,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         store: def.state_store.as_str().to_string(),
         partitions: def.state_partitions,
         dedup: DedupMode::of(&def.options)?,
+        per_batch: def.merge.is_some(),
     };
     let plan = build_plan(&def.query, &streams, sink_wm.as_ref(), mode, &state).await?;
     let shape = shape_of(&def.query, &plan)?;
@@ -632,7 +648,13 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
     )?;
     let sink = def
         .connector()?
-        .open(&def.name, &def.path, &shape.output(), &def.options)
+        .open(
+            &def.name,
+            &def.path,
+            &shape.output(),
+            &def.options,
+            def.merge.as_ref(),
+        )
         .await?;
     let mut sources = Vec::with_capacity(plan.sources.len());
     for i in 0..plan.sources.len() {

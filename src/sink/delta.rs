@@ -6,6 +6,9 @@
 //! when `N <= version` (spec §11.2). A batch replayed after a crash between the Delta commit
 //! and `commits/N` is therefore never written twice.
 
+pub mod merge;
+pub mod table;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -132,6 +135,26 @@ fn delta_err(path: &Path, e: impl std::fmt::Display) -> Error {
     Error::Delta {
         path: path.display().to_string(),
         message: e.to_string(),
+    }
+}
+
+/// A delta-rs error of a statement (MERGE, UPDATE, DELETE): planning errors (an unknown
+/// column or function, a type mismatch, two source rows for one target row) are the
+/// statement's fault, with Postgres's codes, not an I/O error.
+fn statement_err(path: &Path, e: deltalake::DeltaTableError) -> Error {
+    let message = e.to_string();
+    let lower = message.to_ascii_lowercase();
+    if lower.contains("cardinality") || lower.contains("multiple source rows") {
+        // Postgres: "MERGE command cannot affect row a second time".
+        return Error::Cardinality(format!(
+            "MERGE command cannot affect row a second time: more than one source row matched \
+             a target row ({message})"
+        ));
+    }
+    match e {
+        // DataFusion's planning errors, stringified by delta-rs: classified as DataFusion's.
+        deltalake::DeltaTableError::Generic(m) => Error::DataFusion(DataFusionError::Plan(m)),
+        other => delta_err(path, other),
     }
 }
 
@@ -432,7 +455,7 @@ pub async fn ensure_table(path: &Path, name: &str, schema: &SchemaRef) -> Result
         if !same {
             return Err(Error::InvalidOption {
                 message: format!(
-                    "the Delta table at \"{}\" has a different schema than sink \"{name}\"",
+                    "the Delta table at \"{}\" has a different schema than \"{name}\"",
                     path.display()
                 ),
                 hint: Some("Use another path, or a query with the table's columns.".into()),

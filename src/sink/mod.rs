@@ -160,6 +160,26 @@ pub const VIEW_OPTIONS: OptionTable = OptionTable {
     ],
 };
 
+/// The options of a table (`CREATE TABLE`).
+pub const TABLE_OPTIONS: OptionTable = OptionTable {
+    object: "table",
+    connector: "delta",
+    options: &[
+        OptionSpec::new(
+            "connector",
+            OptionType::OneOf(&["delta"]),
+            Some("delta"),
+            "What the table is: a Delta table",
+        ),
+        OptionSpec::new(
+            "path",
+            OptionType::Path,
+            Some("<data dir>/tables/<name>"),
+            "The Delta table's directory; an existing table there is registered",
+        ),
+    ],
+};
+
 /// `auto_compact`'s default: Delta's `autoCompact.minNumFiles`.
 pub const DEFAULT_AUTO_COMPACT: u64 = 50;
 pub use file::SinkFormat;
@@ -295,6 +315,8 @@ pub enum SinkConnector {
     Noop,
     /// A materialized view's store ([`view`]); never named by a `connector` option.
     View,
+    /// A MERGE sink ([`delta::merge::MergeSink`]): `CREATE SINK ... AS MERGE INTO`.
+    DeltaMerge,
 }
 
 impl SinkConnector {
@@ -322,6 +344,7 @@ impl SinkConnector {
             SinkConnector::Console => "console",
             SinkConnector::Noop => "noop",
             SinkConnector::View => "view",
+            SinkConnector::DeltaMerge => "delta",
             SinkConnector::File(f) => f.name(),
         }
     }
@@ -343,6 +366,13 @@ impl SinkConnector {
             SinkConnector::Delta => delta::ensure_table(path, name, schema).await,
             SinkConnector::File(f) => file::FileSink::new(path, f, schema.clone()).map(|_| ()),
             SinkConnector::View => crate::fsutil::create_dir_all(path),
+            // The target exists (a table) or is made from the source's columns.
+            SinkConnector::DeltaMerge => {
+                if delta::merge::existing_schema(path).await?.is_none() {
+                    delta::ensure_table(path, name, schema).await?;
+                }
+                Ok(())
+            }
             SinkConnector::Console | SinkConnector::Noop => Ok(()),
         }
     }
@@ -355,6 +385,7 @@ impl SinkConnector {
         path: &Path,
         output: &QueryOutput,
         options: &Options,
+        merge: Option<&crate::sql::merge::MergeSpec>,
     ) -> Result<Box<dyn Sink>> {
         let schema = &output.schema;
         Ok(match self {
@@ -372,6 +403,16 @@ impl SinkConnector {
             SinkConnector::View => {
                 Box::new(view::ViewSink::new(view::open(path, output, options)?))
             }
+            SinkConnector::DeltaMerge => {
+                let spec = merge.ok_or_else(|| {
+                    Error::Internal(format!("MERGE sink \"{name}\" has no MERGE"))
+                })?;
+                Box::new(delta::merge::MergeSink::new(
+                    path,
+                    spec.clone(),
+                    schema.clone(),
+                ))
+            }
         })
     }
 
@@ -383,7 +424,7 @@ impl SinkConnector {
         zorder: &[String],
     ) -> Result<delta::CompactionReport> {
         match self {
-            SinkConnector::Delta => delta::optimize(path, zorder).await,
+            SinkConnector::Delta | SinkConnector::DeltaMerge => delta::optimize(path, zorder).await,
             other => Err(Error::unsupported(format!(
                 "OPTIMIZE compacts Delta tables; sink \"{name}\" is a {} sink",
                 other.name()
@@ -400,7 +441,9 @@ impl SinkConnector {
     ) -> Result<Option<Arc<dyn TableProvider>>> {
         Ok(match self {
             SinkConnector::View => None,
-            SinkConnector::Delta => Some(Arc::new(delta::DeltaReadTable::try_new(path).await?)),
+            SinkConnector::Delta | SinkConnector::DeltaMerge => {
+                Some(Arc::new(delta::DeltaReadTable::try_new(path).await?))
+            }
             SinkConnector::File(f) => Some(Arc::new(file::read_table(path, f, schema.clone()))),
             SinkConnector::Console | SinkConnector::Noop => None,
         })

@@ -7,6 +7,7 @@
 //! Postgres-compatibility rewrites of datafusion-postgres see exactly what the client sent.
 
 pub mod copy;
+pub mod merge;
 pub mod options;
 pub mod parser;
 pub mod types;
@@ -102,7 +103,9 @@ pub fn split(sql: &str) -> Vec<Piece> {
 fn is_tidemark(words: &[String]) -> bool {
     let w = |i: usize| words.get(i).map(String::as_str).unwrap_or("");
     match w(0) {
-        "CREATE" | "DROP" => matches!(w(1), "STREAM" | "SINK" | "MATERIALIZED"),
+        "CREATE" | "DROP" => matches!(w(1), "STREAM" | "SINK" | "MATERIALIZED" | "TABLE"),
+        // Tables are Delta tables: their changes go through deltalake.
+        "MERGE" | "UPDATE" | "DELETE" => true,
         "SHOW" => matches!(
             w(1),
             "STREAMS" | "SINKS" | "QUERIES" | "OPTIONS" | "MATERIALIZED"

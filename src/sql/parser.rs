@@ -11,6 +11,11 @@
 //! ALTER SINK|MATERIALIZED VIEW name SET (key = value, ...)
 //! FLUSH [SINK|MATERIALIZED VIEW name]
 //! OPTIMIZE name [ZORDER BY (col, ...)]
+//! CREATE TABLE [IF NOT EXISTS] name [( col type [NOT NULL] [PRIMARY KEY], ... [, PRIMARY KEY (col, ...)] )]
+//!     [WITH (key = value, ...)] [AS query]
+//! DROP TABLE [IF EXISTS] name [PURGE]
+//! MERGE INTO ... (see `sql::merge`), UPDATE ..., DELETE ...
+//! CREATE SINK name [WITH (...)] AS MERGE INTO ...
 //! ```
 
 use std::time::Duration;
@@ -78,6 +83,42 @@ pub enum TidemarkStatement {
     },
     /// `COPY stream FROM STDIN`: the wire server streams the data in.
     CopyFrom(super::copy::CopyFrom),
+    /// `CREATE TABLE`: a Delta table.
+    CreateTable(CreateTable),
+    /// `DROP TABLE [IF EXISTS] name [PURGE]`.
+    DropTable {
+        name: String,
+        if_exists: bool,
+        /// Delete the table's files too (only the table's own directory).
+        purge: bool,
+    },
+    /// A one-off `MERGE INTO`.
+    Merge(super::merge::MergeSpec),
+    /// `UPDATE table SET col = expr, ... [WHERE predicate]`, expressions as SQL text
+    /// with their columns unqualified.
+    Update {
+        table: String,
+        assignments: Vec<(String, String)>,
+        predicate: Option<String>,
+    },
+    /// `DELETE FROM table [WHERE predicate]`.
+    Delete {
+        table: String,
+        predicate: Option<String>,
+    },
+}
+
+/// `CREATE TABLE`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CreateTable {
+    pub name: String,
+    pub if_not_exists: bool,
+    pub columns: Vec<ColumnSpec>,
+    /// The `PRIMARY KEY` columns, in order.
+    pub primary_key: Vec<String>,
+    pub options: Options,
+    /// `AS query`: the table's first rows (and, without columns, its schema).
+    pub query: Option<String>,
 }
 
 /// A column of a stream.
@@ -159,8 +200,11 @@ pub struct CreateSink {
     pub name: String,
     pub if_not_exists: bool,
     pub options: Options,
-    /// The `AS` query, as text DataFusion plans.
+    /// The `AS` query, as text DataFusion plans; a MERGE sink's `USING` query.
     pub query: String,
+    /// `AS MERGE INTO ...`: a MERGE sink, whose query runs over each micro-batch as a
+    /// static table.
+    pub merge: Option<super::merge::MergeSpec>,
 }
 
 /// Parses one statement that [`super::split`] classified as Tidemark's.
@@ -172,8 +216,13 @@ pub fn parse_tidemark(sql: &str) -> Result<TidemarkStatement> {
     {
         return super::copy::parse_copy_from(sql).map(TidemarkStatement::CopyFrom);
     }
+    let first = sql.split_whitespace().next().unwrap_or("");
+    if first.eq_ignore_ascii_case("UPDATE") || first.eq_ignore_ascii_case("DELETE") {
+        return parse_update_or_delete(sql);
+    }
+    let sql = super::merge::quote_delta_paths(sql);
     let dialect = PostgreSqlDialect {};
-    let mut p = Parser::new(&dialect).try_with_sql(sql)?;
+    let mut p = Parser::new(&dialect).try_with_sql(&sql)?;
     let stmt = parse_statement(&mut p)?;
     // Allow a trailing semicolon, nothing else.
     while p.consume_token(&Token::SemiColon) {}
@@ -275,7 +324,13 @@ fn parse_statement(p: &mut Parser) -> Result<TidemarkStatement> {
             parse_name(p)?,
         )));
     }
+    if p.parse_keyword(Keyword::MERGE) {
+        return Ok(TidemarkStatement::Merge(super::merge::parse_merge(p)?));
+    }
     if parse_word(p, "CREATE") {
+        if parse_word(p, "TABLE") {
+            return Ok(TidemarkStatement::CreateTable(parse_create_table(p)?));
+        }
         if parse_word(p, "STREAM") {
             return Ok(TidemarkStatement::CreateStream(parse_create_stream(p)?));
         }
@@ -290,6 +345,16 @@ fn parse_statement(p: &mut Parser) -> Result<TidemarkStatement> {
         )?));
     }
     if parse_word(p, "DROP") {
+        if parse_word(p, "TABLE") {
+            let if_exists = p.parse_keywords(&[Keyword::IF, Keyword::EXISTS]);
+            let name = parse_name(p)?;
+            let purge = p.parse_keyword(Keyword::PURGE);
+            return Ok(TidemarkStatement::DropTable {
+                name,
+                if_exists,
+                purge,
+            });
+        }
         let kind = if parse_word(p, "STREAM") {
             None
         } else {
@@ -537,6 +602,23 @@ fn parse_create_sink(p: &mut Parser, kind: QueryKind) -> Result<CreateSink> {
             p.peek_token().token
         )));
     }
+    if p.parse_keyword(Keyword::MERGE) {
+        if kind != QueryKind::Sink {
+            return Err(Error::Syntax(
+                "a materialized view is a query; MERGE makes a sink: CREATE SINK ... AS MERGE"
+                    .into(),
+            ));
+        }
+        let merge = super::merge::parse_merge(p)?;
+        return Ok(CreateSink {
+            kind,
+            name,
+            if_not_exists,
+            options,
+            query: merge.source.clone(),
+            merge: Some(merge),
+        });
+    }
     let query = p.parse_query()?;
     Ok(CreateSink {
         kind,
@@ -544,6 +626,164 @@ fn parse_create_sink(p: &mut Parser, kind: QueryKind) -> Result<CreateSink> {
         if_not_exists,
         options,
         query: query.to_string(),
+        merge: None,
+    })
+}
+
+/// `UPDATE` and `DELETE` of one table. The table's own name or alias may qualify columns;
+/// they are written unqualified, as delta-rs resolves them against the table.
+fn parse_update_or_delete(sql: &str) -> Result<TidemarkStatement> {
+    use datafusion::sql::sqlparser::ast::{
+        AssignmentTarget, FromTable, Statement, TableFactor, TableWithJoins, visit_expressions_mut,
+    };
+    use std::ops::ControlFlow;
+    let mut stmts = Parser::parse_sql(&PostgreSqlDialect {}, sql)?;
+    let [stmt] = stmts.as_mut_slice() else {
+        return Err(Error::Syntax("expected one statement".into()));
+    };
+    let _ = visit_expressions_mut(stmt, |e| {
+        if let Expr::CompoundIdentifier(parts) = e
+            && parts.len() == 2
+            && let Some(column) = parts.pop()
+        {
+            *e = Expr::Identifier(column);
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    let table_of = |t: &TableWithJoins| -> Result<String> {
+        match &t.relation {
+            TableFactor::Table { name, .. } if t.joins.is_empty() && name.0.len() == 1 => name.0[0]
+                .as_ident()
+                .map(normalize_ident)
+                .ok_or_else(|| Error::Syntax(format!("\"{name}\" is not a name"))),
+            other => Err(Error::unsupported(format!(
+                "{other}: UPDATE and DELETE change one table, by its name"
+            ))),
+        }
+    };
+    match stmt {
+        Statement::Update(u) => {
+            if u.from.is_some() || u.returning.is_some() || u.limit.is_some() {
+                return Err(Error::unsupported(
+                    "UPDATE ... FROM, RETURNING and LIMIT are not supported: use MERGE INTO",
+                ));
+            }
+            let assignments = u
+                .assignments
+                .iter()
+                .map(|a| match &a.target {
+                    AssignmentTarget::ColumnName(name) => name
+                        .0
+                        .last()
+                        .and_then(|p| p.as_ident())
+                        .map(|i| (normalize_ident(i), a.value.to_string()))
+                        .ok_or_else(|| Error::Syntax(format!("\"{name}\" is not a column"))),
+                    other => Err(Error::unsupported(format!(
+                        "UPDATE SET {other}: assign one column at a time"
+                    ))),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok(TidemarkStatement::Update {
+                table: table_of(&u.table)?,
+                assignments,
+                predicate: u.selection.as_ref().map(ToString::to_string),
+            })
+        }
+        Statement::Delete(d) => {
+            let tables = match &d.from {
+                FromTable::WithFromKeyword(t) | FromTable::WithoutKeyword(t) => t,
+            };
+            let [table] = tables.as_slice() else {
+                return Err(Error::unsupported("DELETE changes one table"));
+            };
+            if d.using.is_some() || d.returning.is_some() || d.limit.is_some() {
+                return Err(Error::unsupported(
+                    "DELETE ... USING, RETURNING and LIMIT are not supported: use MERGE INTO",
+                ));
+            }
+            Ok(TidemarkStatement::Delete {
+                table: table_of(table)?,
+                predicate: d.selection.as_ref().map(ToString::to_string),
+            })
+        }
+        other => Err(Error::Syntax(format!(
+            "expected UPDATE or DELETE, found {other}"
+        ))),
+    }
+}
+
+fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
+    use datafusion::sql::sqlparser::ast::ColumnOption;
+    let if_not_exists = p.parse_keywords(&[Keyword::IF, Keyword::NOT, Keyword::EXISTS]);
+    let name = parse_name(p)?;
+    let mut columns = Vec::new();
+    let mut primary_key: Vec<String> = Vec::new();
+    let mut set_key = |key: Vec<String>| {
+        if !primary_key.is_empty() {
+            return Err(Error::Syntax(format!(
+                "multiple primary keys for table \"{name}\" are not allowed"
+            )));
+        }
+        primary_key = key;
+        Ok(())
+    };
+    if p.consume_token(&Token::LParen) && !p.consume_token(&Token::RParen) {
+        loop {
+            if p.parse_keywords(&[Keyword::PRIMARY, Keyword::KEY]) {
+                p.expect_token(&Token::LParen)?;
+                let mut key = Vec::new();
+                loop {
+                    key.push(normalize_ident(&p.parse_identifier()?));
+                    if p.consume_token(&Token::RParen) {
+                        break;
+                    }
+                    p.expect_token(&Token::Comma)?;
+                }
+                set_key(key)?;
+            } else {
+                let def = p.parse_column_def()?;
+                let column = normalize_ident(&def.name);
+                let mut not_null = false;
+                for o in &def.options {
+                    match &o.option {
+                        ColumnOption::NotNull => not_null = true,
+                        ColumnOption::Null => not_null = false,
+                        ColumnOption::PrimaryKey(_) => set_key(vec![column.clone()])?,
+                        other => {
+                            return Err(Error::unsupported(format!(
+                                "column constraint {other} is not supported in tables (column \
+                                 \"{column}\"): NOT NULL and PRIMARY KEY are"
+                            )));
+                        }
+                    }
+                }
+                let sql_type = def.data_type.to_string();
+                columns.push(ColumnSpec {
+                    name: column,
+                    data_type: sql_to_arrow(&sql_type)?,
+                    sql_type,
+                    not_null,
+                });
+            }
+            if p.consume_token(&Token::RParen) {
+                break;
+            }
+            p.expect_token(&Token::Comma)?;
+        }
+    }
+    let options = parse_with_options(p)?.unwrap_or_default();
+    let query = if p.parse_keyword(Keyword::AS) {
+        Some(p.parse_query()?.to_string())
+    } else {
+        None
+    };
+    Ok(CreateTable {
+        name,
+        if_not_exists,
+        columns,
+        primary_key,
+        options,
+        query,
     })
 }
 

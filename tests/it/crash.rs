@@ -60,6 +60,9 @@ async fn create_pipeline(client: &Client, landing: &Path) {
 const AUTO_COMPACT: usize = 4;
 
 async fn create_pipeline_into(client: &Client, landing: &Path, connector: &str) {
+    if connector == "merge" {
+        return create_merge_pipeline(client, landing).await;
+    }
     let compact = if connector == "delta" {
         format!(", auto_compact = {AUTO_COMPACT}")
     } else {
@@ -76,6 +79,88 @@ async fn create_pipeline_into(client: &Client, landing: &Path, connector: &str) 
         ))
         .await
         .unwrap();
+}
+
+/// Where the MERGE pipeline's target lives: beside the landing folder.
+fn merge_target(landing: &Path) -> std::path::PathBuf {
+    landing.parent().unwrap().join("merged")
+}
+
+/// A MERGE sink named `copied` that adds each batch's count per page to a counter: a batch
+/// merged twice would count its rows twice.
+async fn create_merge_pipeline(client: &Client, landing: &Path) {
+    client
+        .batch_execute(&format!(
+            "CREATE STREAM events (id BIGINT, page TEXT, event_time TIMESTAMP) \
+             WITH (connector = 'file', format = 'json', path = '{}', max_files_per_trigger = 1);
+             CREATE SINK copied WITH (trigger = 'available_now') AS \
+             MERGE INTO delta.`{}` AS t \
+             USING (SELECT page, count(*) AS n, max(id) AS last_id FROM events GROUP BY page) AS s \
+             ON t.page = s.page \
+             WHEN MATCHED THEN UPDATE SET n = t.n + s.n, last_id = greatest(t.last_id, s.last_id) \
+             WHEN NOT MATCHED THEN INSERT *",
+            landing.display(),
+            merge_target(landing).display()
+        ))
+        .await
+        .unwrap();
+}
+
+/// The MERGE pipeline's counters equal a count over every input row, and the Delta log has
+/// one MERGE per batch id.
+async fn check_merged_exactly_once(client: &Client, data_dir: &Path, target: &Path, point: &str) {
+    let row = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM (SELECT page, n, last_id FROM copied \
+                     EXCEPT SELECT page, count(*), max(id) FROM events GROUP BY page)), \
+                    (SELECT sum(n) FROM copied)",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        row.get::<_, i64>(0),
+        0,
+        "{point}: counters differ from the input"
+    );
+    assert_eq!(
+        row.get::<_, i64>(1),
+        (FILES * ROWS_PER_FILE) as i64,
+        "{point}: rows counted"
+    );
+    let log = crate::harness::read_delta_log(target);
+    assert_eq!(
+        log.commits_per_batch.keys().copied().collect::<Vec<_>>(),
+        (0..FILES as i64).collect::<Vec<_>>(),
+        "{point}: batch ids merged"
+    );
+    for (batch, n) in &log.commits_per_batch {
+        assert_eq!(*n, 1, "{point}: batch {batch} was merged {n} times");
+    }
+    assert_eq!(committed_batches(data_dir, "copied"), FILES, "{point}");
+}
+
+/// A MERGE sink killed at each crash point of batch 5: after the restart every batch is
+/// merged exactly once (the replayed batch is skipped when its MERGE had committed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merge_sink_crash_at_each_point_is_exactly_once() {
+    for point in [
+        "after_offsets_write",
+        "before_sink_commit",
+        "after_sink_commit",
+        "after_commit_log",
+    ] {
+        let (tmp, data_dir, server, client) = crash_then_finish(point, "merge").await;
+        let target = merge_target(&tmp.path().join("landing"));
+        check_merged_exactly_once(&client, &data_dir, &target, point).await;
+        if point == "after_sink_commit" {
+            assert!(
+                server.log().contains("batch already in the table; skipped"),
+                "the replayed batch should have been skipped by the Delta transaction check"
+            );
+        }
+        server.stop().await;
+    }
 }
 
 async fn status(client: &Client) -> Option<(String, Option<i64>)> {

@@ -719,3 +719,137 @@ async fn deduplication_matches_spark() {
     drop(client);
     server.stop().await;
 }
+
+/// The seed's Step 6 as a MERGE sink against Spark's foreachBatch (`tests/oracle/merge/`,
+/// made by `make_expected.sh`): the latest click per user by `row_number()` over each batch,
+/// merged so that a late click never overwrites a later one. Batch by batch, as Spark: input
+/// rows, source rows after `rn = 1`, target rows inserted and updated (from the MERGE's
+/// commit in the Delta log, found by its transaction's batch id); then the target's rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merge_sink_matches_spark() {
+    let case = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/merge");
+    let tmp = tempfile::tempdir().unwrap();
+    let mut mtime = SystemTime::now() - Duration::from_secs(86_400);
+    let landing = tmp.path().join("clicks");
+    std::fs::create_dir_all(&landing).unwrap();
+    land(&case.join("clicks"), &landing, &mut mtime);
+    let data_dir = tmp.path().join("data");
+    let server = TestServer::start(&data_dir, 0, &[]).await;
+    let client = server.connect().await;
+    client
+        .batch_execute(&format!(
+            "CREATE STREAM clicks (user_id TEXT, page TEXT, event_time TIMESTAMP, \
+             duration_s DOUBLE PRECISION) WITH (format = 'json', path = '{}', \
+             max_files_per_trigger = 1);
+             CREATE TABLE user_last_page (user_id TEXT, page TEXT, event_time TIMESTAMP, \
+             duration_s DOUBLE PRECISION);
+             CREATE SINK latest WITH (trigger = 'available_now') AS
+                 MERGE INTO user_last_page AS t
+                 USING (SELECT user_id, page, event_time, duration_s FROM (
+                          SELECT *, row_number() OVER (PARTITION BY user_id
+                                                       ORDER BY event_time DESC) AS rn
+                          FROM clicks) WHERE rn = 1) AS s
+                 ON t.user_id = s.user_id
+                 WHEN MATCHED AND s.event_time > t.event_time THEN UPDATE SET *
+                 WHEN NOT MATCHED THEN INSERT *",
+            landing.display()
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
+    crate::harness::poll("the available_now run to finish", || async {
+        let s = rows(
+            &client,
+            "SELECT status FROM tidemark.queries WHERE name = 'latest'",
+        )
+        .await;
+        (s[0][0].as_deref() == Some("finished")).then_some(())
+    })
+    .await;
+
+    // Each MERGE's counts, by the batch id of its transaction.
+    let mut merged: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
+    let log = data_dir.join("tables/user_last_page/_delta_log");
+    for entry in std::fs::read_dir(&log).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let actions: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let txn = actions.iter().find_map(|a| a["txn"]["version"].as_i64());
+        let info = actions.iter().find(|a| a.get("commitInfo").is_some());
+        if let (Some(batch), Some(info)) = (txn, info) {
+            assert!(
+                merged
+                    .insert(batch, info["commitInfo"]["operationMetrics"].clone())
+                    .is_none(),
+                "batch {batch} merged twice"
+            );
+        }
+    }
+    let progress: BTreeMap<i64, String> = rows(
+        &client,
+        "SELECT batch_id, num_input_rows FROM tidemark.progress WHERE name = 'latest'",
+    )
+    .await
+    .into_iter()
+    .map(|r| {
+        (
+            r[0].as_deref().unwrap().parse().unwrap(),
+            r[1].clone().unwrap(),
+        )
+    })
+    .collect();
+    let metric = |m: &serde_json::Value, k: &str| match &m[k] {
+        serde_json::Value::Null => "0".to_string(),
+        v => v.to_string(),
+    };
+    // Spark: batch_id, num_input_rows, num_source_rows, inserted, updated (and more).
+    let want: Vec<Vec<String>> = read_csv(&case.join("expected/batches.csv"))
+        .into_iter()
+        .map(|r| r[..5].to_vec())
+        .collect();
+    let got: Vec<Vec<String>> = progress
+        .iter()
+        .map(|(batch, input)| {
+            let m = merged.get(batch).cloned().unwrap_or_default();
+            vec![
+                batch.to_string(),
+                input.clone(),
+                metric(&m, "num_source_rows"),
+                metric(&m, "num_target_rows_inserted"),
+                metric(&m, "num_target_rows_updated"),
+            ]
+        })
+        .collect();
+    assert_eq!(got, want, "batch by batch\n{}", server.log());
+
+    let target: Vec<Vec<String>> = {
+        let mut out: Vec<Vec<String>> = rows(
+            &client,
+            "SELECT user_id, page, event_time, duration_s FROM user_last_page",
+        )
+        .await
+        .into_iter()
+        .map(|r| {
+            vec![
+                r[0].clone().unwrap_or_default(),
+                r[1].clone().unwrap_or_default(),
+                iso(r[2].as_deref().unwrap()),
+                r[3].as_deref()
+                    .map(|d| format!("{:.3}", d.parse::<f64>().unwrap()))
+                    .unwrap_or_default(),
+            ]
+        })
+        .collect();
+        out.sort();
+        out
+    };
+    let mut want = read_csv(&case.join("expected/output.csv"));
+    want.sort();
+    assert_eq!(target, want, "the target after the run");
+    server.stop().await;
+}
