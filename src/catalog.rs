@@ -616,6 +616,9 @@ pub struct SinkDef {
     /// a static table, and `path` the target table's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merge: Option<crate::sql::merge::MergeSpec>,
+    /// The tables (`CREATE TABLE`) the query joins with, read as of each batch.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tables: Vec<String>,
 }
 
 impl SinkDef {
@@ -751,6 +754,21 @@ impl Catalog {
 
     pub fn table(&self, name: &str) -> Option<&TableDef> {
         self.tables.iter().find(|t| t.name == name)
+    }
+
+    /// The definitions of the tables a sink joins with.
+    pub fn tables_of(&self, sink: &SinkDef) -> Result<Vec<TableDef>> {
+        sink.tables
+            .iter()
+            .map(|n| {
+                self.table(n)
+                    .cloned()
+                    .ok_or_else(|| Error::UndefinedObject {
+                        kind: "table",
+                        name: n.clone(),
+                    })
+            })
+            .collect()
     }
 }
 

@@ -264,6 +264,11 @@ pub fn classify_datafusion(e: &DataFusionError) -> SqlState {
             ArrowError::CastError(_) | ArrowError::ParseError(_) => {
                 SqlState::InvalidTextRepresentation
             }
+            // A NULL for a NOT NULL column of a table: `Column 'id' is declared as
+            // non-nullable but contains null values`.
+            ArrowError::InvalidArgumentError(m) if m.contains("non-nullable") => {
+                SqlState::NotNullViolation
+            }
             _ => SqlState::InternalError,
         },
         DataFusionError::Plan(msg) => classify_plan_message(msg),
@@ -272,6 +277,8 @@ pub fn classify_datafusion(e: &DataFusionError) -> SqlState {
                 SqlState::DivisionByZero
             } else if msg.contains("Cannot cast") || msg.contains("Cast error") {
                 SqlState::InvalidTextRepresentation
+            } else if msg.contains("non-nullable") {
+                SqlState::NotNullViolation
             } else {
                 SqlState::InternalError
             }

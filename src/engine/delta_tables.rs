@@ -74,7 +74,7 @@ impl Engine {
                     let nullable = !ct.primary_key.contains(f.name());
                     f.as_ref()
                         .clone()
-                        .with_data_type(super::query::signed(f.data_type()))
+                        .with_data_type(super::query::storable(f.data_type()))
                         .with_nullable(nullable)
                 })
                 .collect();
@@ -138,23 +138,37 @@ impl Engine {
         let Some(df) = source else {
             return Ok(Output::Command("CREATE TABLE".into()));
         };
-        // Postgres answers CREATE TABLE AS with `SELECT n`.
-        let table = self
+        // Postgres answers CREATE TABLE AS with `SELECT n`; a failed query leaves no table.
+        match self.fill_table(&ct.name, df).await {
+            Ok(n) => Ok(Output::Command(format!("SELECT {n}"))),
+            Err(e) => {
+                if let Err(undo) = self.drop_table(&ct.name, true, true).await {
+                    tracing::warn!(table = %ct.name, error = %undo, "removing a table whose AS query failed");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes a `CREATE TABLE ... AS` query's rows into the new table, in one commit.
+    async fn fill_table(&self, name: &str, df: datafusion::dataframe::DataFrame) -> Result<usize> {
+        let schema = self
             .ctx
-            .table(TableReference::bare(ct.name.clone()))
-            .await?;
-        let rows = df.collect().await?;
-        let batches = rows
+            .table_provider(TableReference::bare(name.to_string()))
+            .await?
+            .schema();
+        let batches = df
+            .collect()
+            .await?
             .into_iter()
-            .map(|b| super::cast_to_schema(b.columns(), &table.schema().inner().clone()))
+            .map(|b| super::cast_to_schema(b.columns(), &schema))
             .collect::<Result<Vec<_>>>()?;
-        let n: usize = batches.iter().map(|b| b.num_rows()).sum();
-        let input = self.ctx.read_table(Arc::new(MemTable::try_new(
-            table.schema().inner().clone(),
-            vec![batches],
-        )?))?;
-        input.write_table(&ct.name, Default::default()).await?;
-        Ok(Output::Command(format!("SELECT {n}")))
+        let n = batches.iter().map(|b| b.num_rows()).sum();
+        self.ctx
+            .read_table(Arc::new(MemTable::try_new(schema, vec![batches])?))?
+            .write_table(name, Default::default())
+            .await?;
+        Ok(n)
     }
 
     pub(super) async fn drop_table(
@@ -193,8 +207,8 @@ impl Engine {
         let dependents: Vec<String> = cat
             .sinks
             .iter()
-            .filter(|s| s.merge.is_some() && s.path == def.path)
-            .map(|s| format!("sink \"{}\"", s.name))
+            .filter(|s| (s.merge.is_some() && s.path == def.path) || s.tables.contains(&def.name))
+            .map(|s| format!("{} \"{}\"", s.kind.noun(), s.name))
             .collect();
         if !dependents.is_empty() {
             return Err(Error::DependentObjects {

@@ -262,9 +262,15 @@ impl Engine {
                 let streams = sink_streams_of(s, cat)?;
                 let mode = OutputMode::parse(&s.output_mode)?;
                 let wm = query::sink_watermark(s)?;
-                let shape =
-                    query::analyze_sink(&s.query, &streams, wm.as_ref(), mode, &state_config(s))
-                        .await?;
+                let shape = query::analyze_sink(
+                    &s.query,
+                    &streams,
+                    &cat.tables_of(s)?,
+                    wm.as_ref(),
+                    mode,
+                    &state_config(s),
+                )
+                .await?;
                 shape.output()
             }
             _ => QueryOutput::append(Arc::new(Schema::empty())),
@@ -452,7 +458,12 @@ impl Engine {
             .unwrap_or(DEFAULT_STATE_PARTITIONS);
         let state_store =
             crate::state::StoreKind::parse(cs.options.get("state_store").unwrap_or("memory"))?;
-        let stream_names = sink_streams(&crate::sql::expand_window_refs(&cs.query)?, cat)?;
+        let (stream_names, table_names) =
+            sink_streams(&crate::sql::expand_window_refs(&cs.query)?, cat)?;
+        let tables: Vec<crate::catalog::TableDef> = table_names
+            .iter()
+            .filter_map(|n| cat.table(n).cloned())
+            .collect();
         let streams = stream_names
             .iter()
             .map(|n| {
@@ -486,8 +497,15 @@ impl Engine {
             dedup: DedupMode::of(&cs.options)?,
             per_batch: cs.merge.is_some(),
         };
-        let shape =
-            query::analyze_sink(&cs.query, &streams, watermark.as_ref(), mode, &state).await?;
+        let shape = query::analyze_sink(
+            &cs.query,
+            &streams,
+            &tables,
+            watermark.as_ref(),
+            mode,
+            &state,
+        )
+        .await?;
         if let (Some(merge), Some(path)) = (&cs.merge, &merge_path) {
             // A target that does not exist yet is made with the source's columns.
             let target = crate::sink::delta::merge::existing_schema(path)
@@ -526,6 +544,7 @@ impl Engine {
                 state_partitions,
                 state_store,
                 merge: cs.merge.clone(),
+                tables: table_names,
             },
             shape,
         ))
@@ -859,6 +878,7 @@ impl Engine {
             wake: wake.clone(),
             table_logs,
             clock: self.clock.clone(),
+            tables: cat.tables_of(def)?,
         };
         let engine = self.me.clone();
         let name = def.name.clone();
@@ -1438,9 +1458,9 @@ fn absolute(p: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// The one stream a sink's query reads. Tables that are not streams are refused.
-/// The streams a sink's query reads, in the order it names them (its sources' order).
-fn sink_streams(query: &str, cat: &Catalog) -> Result<Vec<String>> {
+/// The streams a sink's query reads, in the order it names them (its sources' order), and
+/// the tables (`CREATE TABLE`) it joins them with.
+fn sink_streams(query: &str, cat: &Catalog) -> Result<(Vec<String>, Vec<String>)> {
     use datafusion::sql::sqlparser::ast::{Statement, visit_relations};
     use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
     use datafusion::sql::sqlparser::parser::Parser;
@@ -1458,14 +1478,20 @@ fn sink_streams(query: &str, cat: &Catalog) -> Result<Vec<String>> {
         }
     }
     let mut streams: Vec<String> = Vec::new();
+    let mut tables: Vec<String> = Vec::new();
     for (parts, n) in names {
         if parts == 1 && cat.stream(&n).is_some() {
             if !streams.contains(&n) {
                 streams.push(n);
             }
-        } else if cat.sink(&n).is_some() || cat.table(&n).is_some() || parts > 1 {
+        } else if parts == 1 && cat.table(&n).is_some() {
+            if !tables.contains(&n) {
+                tables.push(n);
+            }
+        } else if cat.sink(&n).is_some() || parts > 1 {
             return Err(Error::unsupported(format!(
-                "a sink's query reads streams only; \"{n}\" is not a stream (stream-table joins are not supported yet)"
+                "a sink's query reads streams and tables; \"{n}\" is neither (a sink's or view's \
+                 output is read as a stream with connector = 'delta')"
             )));
         } else {
             return Err(Error::UndefinedObject {
@@ -1480,7 +1506,7 @@ fn sink_streams(query: &str, cat: &Catalog) -> Result<Vec<String>> {
             hint: Some("Add FROM <stream>.".into()),
         });
     }
-    Ok(streams)
+    Ok((streams, tables))
 }
 
 /// The definitions of the streams a sink reads, in its sources' order.

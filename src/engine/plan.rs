@@ -817,6 +817,14 @@ pub struct OperatorNode {
     pub input_schema: SchemaRef,
 }
 
+/// A static table a streaming query joins with (a `CREATE TABLE` table), read as of each
+/// batch.
+#[derive(Debug, Clone)]
+pub struct StaticInput {
+    pub name: String,
+    pub table: Arc<dyn TableProvider>,
+}
+
 /// How the operators keep state: the store and partitions (for EXPLAIN), and how
 /// deduplication keys expire.
 #[derive(Debug, Clone)]
@@ -942,6 +950,13 @@ pub fn marked_columns(plan: &LogicalPlan) -> Vec<String> {
                 .into_iter()
                 .filter_map(|i| u.schema.fields().get(i).map(|f| f.name().clone()))
                 .collect()
+        }
+        // A join with a static table: the stream side's marks (the static side has none).
+        LogicalPlan::Join(j) => {
+            let mut marks = marked_columns(&j.left);
+            marks.extend(marked_columns(&j.right));
+            marks.retain(|m| j.schema.has_column_with_unqualified_name(m));
+            marks
         }
         LogicalPlan::Filter(_)
         | LogicalPlan::SubqueryAlias(_)
@@ -1501,18 +1516,83 @@ fn display_column(c: &str) -> String {
         .unwrap_or_else(|| c.to_string())
 }
 
+/// Whether `plan` reads one of the `streams`.
+fn reads_stream(plan: &LogicalPlan, streams: &[String]) -> bool {
+    let mut found = false;
+    let _ = plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::TableScan(scan) = node
+            && streams.iter().any(|s| s == scan.table_name.table())
+        {
+            found = true;
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
+}
+
+/// Spark's rules for a join of a stream with a static table (spec §8.1): the stream must be
+/// on the side whose rows are all kept (an outer join's preserved side, a semi or anti
+/// join's left); `None` when the join is allowed.
+fn stream_static_refusal(
+    join: &datafusion::logical_expr::Join,
+    streams: &[String],
+) -> Option<Error> {
+    use datafusion::logical_expr::JoinType;
+    let (left, right) = (
+        reads_stream(&join.left, streams),
+        reads_stream(&join.right, streams),
+    );
+    let allowed = match (left, right) {
+        (true, true) => {
+            return Some(Error::unsupported(
+                "joins of two streams are not supported yet (stream-static joins are)",
+            ));
+        }
+        (false, false) => true,
+        (true, false) => matches!(
+            join.join_type,
+            JoinType::Inner | JoinType::Left | JoinType::LeftSemi | JoinType::LeftAnti
+        ),
+        (false, true) => matches!(
+            join.join_type,
+            JoinType::Inner | JoinType::Right | JoinType::RightSemi | JoinType::RightAnti
+        ),
+    };
+    if allowed {
+        return None;
+    }
+    let (stream_side, static_side) = if left {
+        ("left", "right")
+    } else {
+        ("right", "left")
+    };
+    Some(Error::Unsupported {
+        message: format!(
+            "{} join with a stream on the {stream_side} and a static table on the \
+             {static_side} is not supported, as in Spark: the static side's unmatched rows \
+             would have to wait for the whole stream",
+            join.join_type
+        ),
+        hint: Some(
+            "Put the stream on the preserved side (stream LEFT JOIN table), or use an inner \
+             join."
+                .into(),
+        ),
+    })
+}
+
 /// Refuses query shapes Tidemark does not run on streams (spec §5.2); over each batch
-/// alone (`per_batch`), a LIMIT is the batch's.
-fn check_shape(plan: &LogicalPlan, per_batch: bool) -> Result<()> {
+/// alone (`per_batch`), a LIMIT is the batch's. Joins with static tables follow Spark's
+/// rules; joins of two streams are refused.
+fn check_shape(plan: &LogicalPlan, per_batch: bool, streams: &[String]) -> Result<()> {
     let mut err = None;
     plan.apply_with_subqueries(|node| {
         let refusal = match node {
             LogicalPlan::Limit(_) if !per_batch => {
                 Some(Error::unsupported("LIMIT is not supported in sinks yet"))
             }
-            LogicalPlan::Join(_) => {
-                Some(Error::unsupported("joins in sinks are not supported yet"))
-            }
+            LogicalPlan::Join(join) => stream_static_refusal(join, streams),
             LogicalPlan::RecursiveQuery(_) => Some(Error::unsupported(
                 "recursive queries are not supported on streams",
             )),
@@ -1536,6 +1616,7 @@ impl StreamingPlan {
     pub async fn build(
         sql: &str,
         sources: Vec<StreamInput>,
+        statics: &[StaticInput],
         mode: OutputMode,
         state: &StateConfig,
         partitions: usize,
@@ -1549,8 +1630,12 @@ impl StreamingPlan {
             ctx.register_table(TableReference::bare(s.name.clone()), table.clone())?;
             tables.push(table);
         }
+        for t in statics {
+            ctx.register_table(TableReference::bare(t.name.clone()), t.table.clone())?;
+        }
         let plan = ctx.state().create_logical_plan(sql).await?;
-        check_shape(&plan, state.per_batch)?;
+        let stream_names: Vec<String> = sources.iter().map(|s| s.name.clone()).collect();
+        check_shape(&plan, state.per_batch, &stream_names)?;
         let mut builder = Builder {
             sources: &sources,
             mode,
@@ -1607,7 +1692,9 @@ impl StreamingPlan {
             }
             _ => stateless_output_time(&plan),
         };
-        let reusable = only_immutable_functions(&plan);
+        // A static table is read as of each batch (its latest version, as Spark re-reads a
+        // Delta table per micro-batch): such a plan is made again for every batch.
+        let reusable = statics.is_empty() && only_immutable_functions(&plan);
         Ok(StreamingPlan {
             plan,
             sources,

@@ -22,14 +22,14 @@ use super::aggregate::{
 use super::dedup::DedupOperator;
 use super::operator::StatefulOperator;
 use super::plan::{
-    DedupMode, OperatorKind, StateConfig, StreamInput, StreamingPlan, WatermarkNode,
+    DedupMode, OperatorKind, StateConfig, StaticInput, StreamInput, StreamingPlan, WatermarkNode,
     WatermarkPolicy, advance_watermark,
 };
 use super::progress::{
     EventTimeProgress, Progress, Registry, SinkProgress, SourceProgress, StateOperatorProgress,
     Status, round_rate,
 };
-use crate::catalog::{SinkDef, StreamDef, StreamSource};
+use crate::catalog::{SinkDef, StreamDef, StreamSource, TableDef};
 use crate::checkpoint::{Checkpoint, CheckpointDefinition, CommitEntry, OffsetMetadata, OffsetSeq};
 pub use crate::config::{POLL_INTERVAL, parallelism};
 use crate::error::{Error, Result};
@@ -75,6 +75,8 @@ pub struct QueryTask {
     pub table_logs: std::collections::HashMap<String, Arc<TableLog>>,
     /// Wall time, for sources that read it (`rate`).
     pub clock: Arc<dyn crate::clock::Clock>,
+    /// The static tables the query joins with.
+    pub tables: Vec<TableDef>,
 }
 
 /// What a sink's query is, as the engine runs it.
@@ -215,6 +217,7 @@ pub fn stream_inputs(streams: &[&StreamDef], sink_wm: Option<&WatermarkSpec>) ->
 pub async fn build_plan(
     query: &str,
     streams: &[&StreamDef],
+    tables: &[TableDef],
     sink_wm: Option<&WatermarkSpec>,
     mode: OutputMode,
     state: &StateConfig,
@@ -223,6 +226,7 @@ pub async fn build_plan(
     StreamingPlan::build(
         &sql,
         stream_inputs(streams, sink_wm),
+        &static_inputs(tables).await?,
         mode,
         state,
         parallelism(),
@@ -230,27 +234,45 @@ pub async fn build_plan(
     .await
 }
 
+/// The static tables a query joins with, each read through its own snapshot of the table.
+pub async fn static_inputs(tables: &[TableDef]) -> Result<Vec<StaticInput>> {
+    let mut out = Vec::with_capacity(tables.len());
+    for t in tables {
+        out.push(StaticInput {
+            name: t.name.clone(),
+            table: Arc::new(crate::sink::delta::DeltaReadTable::try_new(&t.path).await?),
+        });
+    }
+    Ok(out)
+}
+
 /// Plans a sink's query and checks it: shapes Spark allows for the output mode (spec
 /// §5.2–5.3), distinct column names.
 pub async fn analyze_sink(
     query: &str,
     streams: &[&StreamDef],
+    tables: &[TableDef],
     sink_wm: Option<&WatermarkSpec>,
     mode: OutputMode,
     state: &StateConfig,
 ) -> Result<SinkShape> {
-    let plan = build_plan(query, streams, sink_wm, mode, state).await?;
+    let plan = build_plan(query, streams, tables, sink_wm, mode, state).await?;
     shape_of(query, &plan)
 }
 
-/// The signed type that holds an unsigned one's values: Delta tables and Postgres have no
-/// unsigned integers (DataFusion's `approx_distinct` and `row_number` are UInt64). A UInt64
-/// above `i64::MAX` does not fit; counts never get there.
-pub(crate) fn signed(t: &DataType) -> DataType {
+/// The type a sink stores a column as. The signed type that holds an unsigned one's values:
+/// Delta tables and Postgres have no unsigned integers (DataFusion's `approx_distinct` and
+/// `row_number` are UInt64); a UInt64 above `i64::MAX` does not fit, counts never get
+/// there. Strings and binaries in their plain layout.
+pub(crate) fn storable(t: &DataType) -> DataType {
     match t {
         DataType::UInt8 => DataType::Int16,
         DataType::UInt16 => DataType::Int32,
         DataType::UInt32 | DataType::UInt64 => DataType::Int64,
+        // A Delta table's strings read back as Utf8, whichever Arrow layout a scan (of a
+        // static table, say) produced them in.
+        DataType::Utf8View | DataType::LargeUtf8 => DataType::Utf8,
+        DataType::BinaryView | DataType::LargeBinary => DataType::Binary,
         other => other.clone(),
     }
 }
@@ -262,7 +284,7 @@ fn shape_of(query: &str, plan: &StreamingPlan) -> Result<SinkShape> {
         .fields()
         .iter()
         .map(|f| {
-            let t = signed(f.data_type());
+            let t = storable(f.data_type());
             f.as_ref().clone().with_nullable(true).with_data_type(t)
         })
         .collect();
@@ -368,6 +390,9 @@ pub fn explain(def: &SinkDef, streams: &[&StreamDef], shape: &SinkShape) -> Resu
     }
     for (i, stream) in streams.iter().enumerate() {
         lines.push(format!("  Source {i}: {}", describe_source(stream)));
+    }
+    for t in &def.tables {
+        lines.push(format!("  Static table: {t} (read as of each batch)"));
     }
     Ok(lines)
 }
@@ -639,7 +664,15 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         dedup: DedupMode::of(&def.options)?,
         per_batch: def.merge.is_some(),
     };
-    let plan = build_plan(&def.query, &streams, sink_wm.as_ref(), mode, &state).await?;
+    let plan = build_plan(
+        &def.query,
+        &streams,
+        &task.tables,
+        sink_wm.as_ref(),
+        mode,
+        &state,
+    )
+    .await?;
     let shape = shape_of(&def.query, &plan)?;
     crate::checkpoint::record_definition(
         ckpt.root(),

@@ -453,12 +453,24 @@ pub async fn ensure_table(path: &Path, name: &str, schema: &SchemaRef) -> Result
                 .zip(schema.fields())
                 .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
         if !same {
+            let columns = |s: &SchemaRef| {
+                s.fields()
+                    .iter()
+                    .map(|f| format!("{} {}", f.name(), f.data_type()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
             return Err(Error::InvalidOption {
                 message: format!(
                     "the Delta table at \"{}\" has a different schema than \"{name}\"",
                     path.display()
                 ),
-                hint: Some("Use another path, or a query with the table's columns.".into()),
+                hint: Some(format!(
+                    "The table has ({}), \"{name}\" has ({}). Use another path, or a query \
+                     with the table's columns.",
+                    columns(&existing),
+                    columns(schema)
+                )),
             });
         }
         return Ok(());

@@ -217,6 +217,22 @@ pub fn parse_tidemark(sql: &str) -> Result<TidemarkStatement> {
         return super::copy::parse_copy_from(sql).map(TidemarkStatement::CopyFrom);
     }
     let first = sql.split_whitespace().next().unwrap_or("");
+    let changes_a_table = ["UPDATE", "DELETE", "MERGE"]
+        .iter()
+        .any(|w| first.eq_ignore_ascii_case(w));
+    if changes_a_table && has_placeholders(sql) {
+        return Err(Error::Unsupported {
+            message: format!(
+                "parameters ($1, ...) in {} are not supported yet",
+                first.to_ascii_uppercase()
+            ),
+            hint: Some(
+                "Send the values in the statement's text, or bind them in the client \
+                 (psycopg's ClientCursor, pgjdbc's preferQueryMode=simple)."
+                    .into(),
+            ),
+        });
+    }
     if first.eq_ignore_ascii_case("UPDATE") || first.eq_ignore_ascii_case("DELETE") {
         return parse_update_or_delete(sql);
     }
@@ -628,6 +644,15 @@ fn parse_create_sink(p: &mut Parser, kind: QueryKind) -> Result<CreateSink> {
         query: query.to_string(),
         merge: None,
     })
+}
+
+/// Whether `sql` has a bind parameter (`$1`, `?`) outside its string literals.
+fn has_placeholders(sql: &str) -> bool {
+    use datafusion::sql::sqlparser::tokenizer::Tokenizer;
+    Tokenizer::new(&PostgreSqlDialect {}, sql)
+        .tokenize()
+        .map(|tokens| tokens.iter().any(|t| matches!(t, Token::Placeholder(_))))
+        .unwrap_or(false)
 }
 
 /// `UPDATE` and `DELETE` of one table. The table's own name or alias may qualify columns;

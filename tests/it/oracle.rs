@@ -853,3 +853,116 @@ async fn merge_sink_matches_spark() {
     assert_eq!(target, want, "the target after the run");
     server.stop().await;
 }
+
+/// Stream-static joins against Spark (`tests/oracle/static_join/`, made by
+/// `make_expected.sh`): the merge case's clicks joined with a static pages table `USING
+/// (page)`, inner and left outer. Batch by batch: input rows and rows written; then every
+/// row written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_static_joins_match_spark() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle");
+    let case = root.join("static_join");
+    let tmp = tempfile::tempdir().unwrap();
+    let mut mtime = SystemTime::now() - Duration::from_secs(86_400);
+    let landing = tmp.path().join("clicks");
+    std::fs::create_dir_all(&landing).unwrap();
+    land(&root.join("merge/clicks"), &landing, &mut mtime);
+    let server = TestServer::start(&tmp.path().join("data"), 0, &[]).await;
+    let client = server.connect().await;
+    // The static table holds pages.csv's rows; an empty CSV field is NULL, as Spark reads it.
+    let pages: Vec<String> = read_csv(&case.join("pages.csv"))
+        .into_iter()
+        .map(|r| {
+            let section = r.get(1).filter(|s| !s.is_empty());
+            format!(
+                "('{}', {})",
+                r[0],
+                section.map_or("NULL".to_string(), |s| format!("'{s}'"))
+            )
+        })
+        .collect();
+    let mut sql = format!(
+        "CREATE STREAM clicks (user_id TEXT, page TEXT, event_time TIMESTAMP, \
+         duration_s DOUBLE PRECISION) WITH (format = 'json', path = '{}', \
+         max_files_per_trigger = 1);
+         CREATE TABLE pages (page TEXT, section TEXT);
+         INSERT INTO pages VALUES {};",
+        landing.display(),
+        pages.join(", ")
+    );
+    for (join, keyword) in [("inner", "JOIN"), ("left_outer", "LEFT JOIN")] {
+        sql.push_str(&format!(
+            "CREATE SINK {join} WITH (trigger = 'available_now') AS \
+             SELECT c.user_id, c.page, c.event_time, c.duration_s, p.section \
+             FROM clicks c {keyword} pages p ON c.page = p.page;"
+        ));
+    }
+    client
+        .batch_execute(&sql)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
+    for join in ["inner", "left_outer"] {
+        crate::harness::poll("the available_now run to finish", || async {
+            let s = rows(
+                &client,
+                &format!("SELECT status FROM tidemark.queries WHERE name = '{join}'"),
+            )
+            .await;
+            (s[0][0].as_deref() == Some("finished")).then_some(())
+        })
+        .await;
+        let expected = case.join("expected").join(join);
+        let mut per_batch: BTreeMap<String, u64> = BTreeMap::new();
+        for r in read_csv(&expected.join("changelog.csv")) {
+            *per_batch.entry(r[0].clone()).or_default() += 1;
+        }
+        let want: Vec<(String, String, u64)> = read_csv(&expected.join("batches.csv"))
+            .into_iter()
+            .map(|r| {
+                let n = per_batch.get(&r[0]).copied().unwrap_or(0);
+                (r[0].clone(), r[1].clone(), n)
+            })
+            .collect();
+        let got: Vec<(String, String, u64)> = rows(
+            &client,
+            &format!(
+                "SELECT batch_id, num_input_rows, sink_output_rows FROM tidemark.progress \
+                 WHERE name = '{join}' ORDER BY batch_id"
+            ),
+        )
+        .await
+        .into_iter()
+        .map(|r| {
+            (
+                r[0].clone().unwrap(),
+                r[1].clone().unwrap(),
+                r[2].as_deref().unwrap().parse().unwrap(),
+            )
+        })
+        .collect();
+        assert_eq!(got, want, "{join}: batches (id, input rows, rows written)");
+        let mut table: Vec<Vec<String>> = rows(
+            &client,
+            &format!("SELECT user_id, page, event_time, duration_s, section FROM {join}"),
+        )
+        .await
+        .into_iter()
+        .map(|r| {
+            vec![
+                r[0].clone().unwrap_or_default(),
+                r[1].clone().unwrap_or_default(),
+                iso(r[2].as_deref().unwrap()),
+                r[3].as_deref()
+                    .map(|d| format!("{:.3}", d.parse::<f64>().unwrap()))
+                    .unwrap_or_default(),
+                r[4].clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+        table.sort();
+        let mut want_rows = read_csv(&expected.join("output.csv"));
+        want_rows.sort();
+        assert_eq!(table, want_rows, "{join}: the rows");
+    }
+    server.stop().await;
+}

@@ -27,4 +27,29 @@ with psycopg.connect(f"host=127.0.0.1 port={port} user=py dbname=py") as conn:
     with conn.cursor(binary=True) as cur:
         cur.execute("SELECT CAST(2 AS BIGINT), 'x', CAST(1.5 AS DOUBLE PRECISION)")
         assert cur.fetchone() == (2, "x", 1.5)
+# Tables over the extended protocol: INSERT with parameters, the command tags' row counts,
+# and a clear refusal of parameters where they are not supported yet.
+with psycopg.connect(f"host=127.0.0.1 port={port} user=py dbname=py", autocommit=True) as conn:
+    conn.execute("CREATE TABLE py_users (id BIGINT, name TEXT, visits INT)")
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO py_users VALUES (%s, %s, %s)",
+                        [(1, "ann", 1), (2, "bob", 2), (3, "cy", 3)])
+        cur.execute("UPDATE py_users SET visits = visits * 10 WHERE id >= 2")
+        assert cur.rowcount == 2, cur.rowcount
+        cur.execute("MERGE INTO py_users AS t USING (SELECT 3 AS id, 'cy' AS name, 1 AS visits "
+                    "UNION ALL SELECT 4, 'dee', 1) AS s ON t.id = s.id "
+                    "WHEN MATCHED THEN DELETE WHEN NOT MATCHED THEN INSERT *")
+        assert cur.rowcount == 2, cur.rowcount
+        cur.execute("DELETE FROM py_users WHERE name = 'ann'")
+        assert cur.rowcount == 1, cur.rowcount
+        want = conn.execute(
+            "SELECT id, name, visits FROM (VALUES (2, 'bob', 20), (4, 'dee', 1)) "
+            "AS v(id, name, visits) ORDER BY id").fetchall()
+        got = conn.execute("SELECT id, name, visits FROM py_users ORDER BY id").fetchall()
+        assert [tuple(r) for r in got] == [tuple(r) for r in want], (got, want)
+        try:
+            cur.execute("UPDATE py_users SET visits = %s WHERE id = 2", (5,))
+            raise SystemExit("expected an error")
+        except psycopg.errors.FeatureNotSupported:
+            pass
 print("psycopg ok")
