@@ -5,10 +5,9 @@
                                  [--batch-rows 1000] [--work /tmp/merge-bench]
 
 BIN is a release `tidemark`. For each size N, a fresh server (free port, fresh data
-directory) gets a target table of N users (`CREATE TABLE ... AS SELECT ... FROM range(N)`,
-written in user-id order and compacted by OPTIMIZE ZORDER BY (user_id) into files that
-each hold a narrow range of ids), and the seed's upsert as a MERGE sink over a table-fed
-stream:
+directory) gets a target table of N users, written by 20 INSERTs of contiguous ids (so 20
+files, each holding a narrow range of ids), and the seed's upsert as a MERGE sink over a
+table-fed stream:
 
     MERGE INTO target AS t USING (latest click per user of the batch) AS s
     ON t.user_id = s.user_id
@@ -18,7 +17,8 @@ stream:
 Each batch is one INSERT of BATCH_ROWS clicks, then FLUSH SINK. Two kinds of batch:
 
   narrow: the clicks' users are a contiguous run of ids (the newest users, half of them
-          new): delta-rs prunes the target's files by the source's key range;
+          new): delta-rs prunes the target's files by the source's key range, and
+          rewrites only the file(s) holding matched rows;
   wide:   users drawn from the whole range: every file holds a matched row.
 
 Reported per size and kind, over BATCHES batches: the batch's addBatch time (the MERGE)
@@ -89,6 +89,22 @@ class Server:
         self.proc.wait()
 
 
+FILES = 20
+
+
+def live_files(table_dir):
+    """The table's data files: added and not removed since, by its log."""
+    live = set()
+    for path in sorted(glob.glob(os.path.join(table_dir, "_delta_log", "*.json"))):
+        for line in open(path):
+            a = json.loads(line)
+            if "add" in a:
+                live.add(a["add"]["path"])
+            if "remove" in a:
+                live.discard(a["remove"]["path"])
+    return len(live)
+
+
 def merge_metrics(table_dir):
     """The operationMetrics of each MERGE commit in the table's log, by batch id."""
     out = {}
@@ -109,13 +125,17 @@ def run(size):
     server = Server(f"n{size}")
     conn = server.connect()
     t0 = time.time()
-    conn.execute(
-        "CREATE TABLE target AS SELECT value AS user_id, '/p' || (value % 100) AS page, "
-        "TIMESTAMP '2026-06-10 09:00:00' AS event_time, CAST(value % 7 AS DOUBLE) AS duration_s "
-        f"FROM range({size})")
-    conn.execute("OPTIMIZE target ZORDER BY (user_id)")
+    conn.execute("CREATE TABLE target (user_id BIGINT, page TEXT, event_time TIMESTAMP, "
+                 "duration_s DOUBLE PRECISION)")
+    # FILES inserts of contiguous ids: one file each, holding a narrow range of user ids.
+    chunk = max(1, -(-size // FILES))
+    for start in range(0, size, chunk):
+        conn.execute(
+            "INSERT INTO target SELECT value, '/p' || (value % 100), "
+            "TIMESTAMP '2026-06-10 09:00:00', CAST(value % 7 AS DOUBLE) "
+            f"FROM range({start}, {min(size, start + chunk)})")
     fill = time.time() - t0
-    files = len(glob.glob(os.path.join(server.dir, "data/tables/target/*.parquet")))
+    files = live_files(os.path.join(server.dir, "data/tables/target"))
     conn.execute("CREATE STREAM clicks (user_id BIGINT, page TEXT, event_time TIMESTAMP, "
                  "duration_s DOUBLE PRECISION)")
     conn.execute(
@@ -133,8 +153,10 @@ def run(size):
         ids = []
         for i in range(args.batches):
             if kind == "narrow":
-                # The newest ids: half already in the target, half new.
-                start = size - args.batch_rows // 2 + i * args.batch_rows
+                # The newest ids: half already in the target (the last file's, or the
+                # previous batch's new ones), half new.
+                half = args.batch_rows // 2
+                start = size - half + i * half
                 users = list(range(start, start + args.batch_rows))
             else:
                 users = [rng.randrange(size) for _ in range(args.batch_rows)]

@@ -505,29 +505,15 @@ fn parse_create_stream(p: &mut Parser) -> Result<CreateStream> {
                 }
                 watermark = Some(parse_watermark_clause(p)?);
             } else {
-                let def = p.parse_column_def()?;
-                let mut not_null = false;
-                for o in &def.options {
-                    use datafusion::sql::sqlparser::ast::ColumnOption;
-                    match o.option {
-                        ColumnOption::NotNull => not_null = true,
-                        ColumnOption::Null => not_null = false,
-                        _ => {
-                            return Err(Error::unsupported(format!(
-                                "column constraints other than NOT NULL are not supported in \
-                                 streams (column \"{}\")",
-                                def.name
-                            )));
-                        }
-                    }
+                let (column, primary_key) = parse_column(p)?;
+                if primary_key {
+                    return Err(Error::unsupported(format!(
+                        "column constraints other than NOT NULL are not supported in streams \
+                         (column \"{}\")",
+                        column.name
+                    )));
                 }
-                let sql_type = def.data_type.to_string();
-                columns.push(ColumnSpec {
-                    name: normalize_ident(&def.name),
-                    data_type: sql_to_arrow(&sql_type)?,
-                    sql_type,
-                    not_null,
-                });
+                columns.push(column);
             }
             if p.consume_token(&Token::RParen) {
                 break;
@@ -737,8 +723,39 @@ fn parse_update_or_delete(sql: &str) -> Result<TidemarkStatement> {
     }
 }
 
-fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
+/// `name type [NOT NULL | NULL | PRIMARY KEY] ...`: the column, and whether it is declared
+/// the primary key. Other constraints are refused.
+fn parse_column(p: &mut Parser) -> Result<(ColumnSpec, bool)> {
     use datafusion::sql::sqlparser::ast::ColumnOption;
+    let def = p.parse_column_def()?;
+    let name = normalize_ident(&def.name);
+    let (mut not_null, mut primary_key) = (false, false);
+    for o in &def.options {
+        match &o.option {
+            ColumnOption::NotNull => not_null = true,
+            ColumnOption::Null => not_null = false,
+            ColumnOption::PrimaryKey(_) => primary_key = true,
+            other => {
+                return Err(Error::unsupported(format!(
+                    "column constraint {other} is not supported (column \"{name}\"): NOT NULL \
+                     is, and PRIMARY KEY in tables"
+                )));
+            }
+        }
+    }
+    let sql_type = def.data_type.to_string();
+    Ok((
+        ColumnSpec {
+            name,
+            data_type: sql_to_arrow(&sql_type)?,
+            sql_type,
+            not_null,
+        },
+        primary_key,
+    ))
+}
+
+fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
     let if_not_exists = p.parse_keywords(&[Keyword::IF, Keyword::NOT, Keyword::EXISTS]);
     let name = parse_name(p)?;
     let mut columns = Vec::new();
@@ -766,29 +783,11 @@ fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
                 }
                 set_key(key)?;
             } else {
-                let def = p.parse_column_def()?;
-                let column = normalize_ident(&def.name);
-                let mut not_null = false;
-                for o in &def.options {
-                    match &o.option {
-                        ColumnOption::NotNull => not_null = true,
-                        ColumnOption::Null => not_null = false,
-                        ColumnOption::PrimaryKey(_) => set_key(vec![column.clone()])?,
-                        other => {
-                            return Err(Error::unsupported(format!(
-                                "column constraint {other} is not supported in tables (column \
-                                 \"{column}\"): NOT NULL and PRIMARY KEY are"
-                            )));
-                        }
-                    }
+                let (column, primary_key) = parse_column(p)?;
+                if primary_key {
+                    set_key(vec![column.name.clone()])?;
                 }
-                let sql_type = def.data_type.to_string();
-                columns.push(ColumnSpec {
-                    name: column,
-                    data_type: sql_to_arrow(&sql_type)?,
-                    sql_type,
-                    not_null,
-                });
+                columns.push(column);
             }
             if p.consume_token(&Token::RParen) {
                 break;

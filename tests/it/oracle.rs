@@ -720,6 +720,40 @@ async fn deduplication_matches_spark() {
     server.stop().await;
 }
 
+/// Waits until the `available_now` query `name` has finished.
+async fn wait_finished(client: &Client, name: &str) {
+    crate::harness::poll("the available_now run to finish", || async {
+        let s = rows(
+            client,
+            &format!("SELECT status FROM tidemark.queries WHERE name = '{name}'"),
+        )
+        .await;
+        (s[0][0].as_deref() == Some("finished")).then_some(())
+    })
+    .await;
+}
+
+/// Clicks as `spark_extra.py` writes them, sorted: `sql` selects user_id, page, event_time
+/// (ISO, Z), duration_s (3 decimals), then any text columns; NULL is empty.
+async fn click_rows(client: &Client, sql: &str) -> Vec<Vec<String>> {
+    let mut out: Vec<Vec<String>> = rows(client, sql)
+        .await
+        .into_iter()
+        .map(|r| {
+            r.into_iter()
+                .enumerate()
+                .map(|(i, v)| match (i, v) {
+                    (2, Some(ts)) => iso(&ts),
+                    (3, Some(d)) => format!("{:.3}", d.parse::<f64>().unwrap()),
+                    (_, v) => v.unwrap_or_default(),
+                })
+                .collect()
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 /// The seed's Step 6 as a MERGE sink against Spark's foreachBatch (`tests/oracle/merge/`,
 /// made by `make_expected.sh`): the latest click per user by `row_number()` over each batch,
 /// merged so that a late click never overwrites a later one. Batch by batch, as Spark: input
@@ -756,15 +790,7 @@ async fn merge_sink_matches_spark() {
         ))
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
-    crate::harness::poll("the available_now run to finish", || async {
-        let s = rows(
-            &client,
-            "SELECT status FROM tidemark.queries WHERE name = 'latest'",
-        )
-        .await;
-        (s[0][0].as_deref() == Some("finished")).then_some(())
-    })
-    .await;
+    wait_finished(&client, "latest").await;
 
     // Each MERGE's counts, by the batch id of its transaction.
     let mut merged: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
@@ -827,27 +853,11 @@ async fn merge_sink_matches_spark() {
         .collect();
     assert_eq!(got, want, "batch by batch\n{}", server.log());
 
-    let target: Vec<Vec<String>> = {
-        let mut out: Vec<Vec<String>> = rows(
-            &client,
-            "SELECT user_id, page, event_time, duration_s FROM user_last_page",
-        )
-        .await
-        .into_iter()
-        .map(|r| {
-            vec![
-                r[0].clone().unwrap_or_default(),
-                r[1].clone().unwrap_or_default(),
-                iso(r[2].as_deref().unwrap()),
-                r[3].as_deref()
-                    .map(|d| format!("{:.3}", d.parse::<f64>().unwrap()))
-                    .unwrap_or_default(),
-            ]
-        })
-        .collect();
-        out.sort();
-        out
-    };
+    let target = click_rows(
+        &client,
+        "SELECT user_id, page, event_time, duration_s FROM user_last_page",
+    )
+    .await;
     let mut want = read_csv(&case.join("expected/output.csv"));
     want.sort();
     assert_eq!(target, want, "the target after the run");
@@ -902,15 +912,7 @@ async fn stream_static_joins_match_spark() {
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
     for join in ["inner", "left_outer"] {
-        crate::harness::poll("the available_now run to finish", || async {
-            let s = rows(
-                &client,
-                &format!("SELECT status FROM tidemark.queries WHERE name = '{join}'"),
-            )
-            .await;
-            (s[0][0].as_deref() == Some("finished")).then_some(())
-        })
-        .await;
+        wait_finished(&client, join).await;
         let expected = case.join("expected").join(join);
         let mut per_batch: BTreeMap<String, u64> = BTreeMap::new();
         for r in read_csv(&expected.join("changelog.csv")) {
@@ -941,25 +943,11 @@ async fn stream_static_joins_match_spark() {
         })
         .collect();
         assert_eq!(got, want, "{join}: batches (id, input rows, rows written)");
-        let mut table: Vec<Vec<String>> = rows(
+        let table = click_rows(
             &client,
             &format!("SELECT user_id, page, event_time, duration_s, section FROM {join}"),
         )
-        .await
-        .into_iter()
-        .map(|r| {
-            vec![
-                r[0].clone().unwrap_or_default(),
-                r[1].clone().unwrap_or_default(),
-                iso(r[2].as_deref().unwrap()),
-                r[3].as_deref()
-                    .map(|d| format!("{:.3}", d.parse::<f64>().unwrap()))
-                    .unwrap_or_default(),
-                r[4].clone().unwrap_or_default(),
-            ]
-        })
-        .collect();
-        table.sort();
+        .await;
         let mut want_rows = read_csv(&expected.join("output.csv"));
         want_rows.sort();
         assert_eq!(table, want_rows, "{join}: the rows");
