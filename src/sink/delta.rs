@@ -138,6 +138,27 @@ fn delta_err(path: &Path, e: impl std::fmt::Display) -> Error {
     }
 }
 
+/// The table at `path` as of its latest commit: `kept` (opened on first use), brought up to
+/// date only when another writer (a compaction, a statement, another engine) committed
+/// since, so that a writer does not replay the log before each of its commits.
+async fn latest(kept: &mut Option<DeltaTable>, path: &Path, url: &Url) -> Result<DeltaTable> {
+    if let Some(t) = kept.as_mut() {
+        if let Some(v) = t.version()
+            && commit_file(path, v + 1).exists()
+        {
+            t.update_incremental(None)
+                .await
+                .map_err(|e| delta_err(path, e))?;
+        }
+        return Ok(t.clone());
+    }
+    let t = deltalake::open_table(url.clone())
+        .await
+        .map_err(|e| delta_err(path, e))?;
+    *kept = Some(t.clone());
+    Ok(t)
+}
+
 /// A delta-rs error of a statement (MERGE, UPDATE, DELETE): planning errors (an unknown
 /// column or function, a type mismatch, two source rows for one target row) are the
 /// statement's fault, with Postgres's codes, not an I/O error.
@@ -188,21 +209,7 @@ impl DeltaSink {
     /// writer (a compaction, another engine) committed since.
     async fn load(&self) -> Result<DeltaTable> {
         let mut guard = self.table.lock().await;
-        if let Some(t) = guard.as_mut() {
-            if let Some(v) = t.version()
-                && commit_file(&self.path, v + 1).exists()
-            {
-                t.update_incremental(None)
-                    .await
-                    .map_err(|e| delta_err(&self.path, e))?;
-            }
-            return Ok(t.clone());
-        }
-        let t = deltalake::open_table(self.url.clone())
-            .await
-            .map_err(|e| delta_err(&self.path, e))?;
-        *guard = Some(t.clone());
-        Ok(t)
+        latest(&mut guard, &self.path, &self.url).await
     }
 
     /// The last batch id committed by `app_id`, if any.

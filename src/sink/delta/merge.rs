@@ -18,7 +18,7 @@ use deltalake::kernel::Transaction;
 use deltalake::kernel::transaction::CommitProperties;
 use deltalake::operations::merge::MergeBuilder;
 
-use super::{commit_file, delta_err, expired_log_cleanup, statement_err, table_lock, table_url};
+use super::{delta_err, expired_log_cleanup, latest, statement_err, table_lock, table_url};
 use crate::error::{Error, Result};
 use crate::sink::{BatchInfo, Sink, SinkCommit};
 use crate::sql::merge::{MergeAction, MergeSpec, MergeWhen};
@@ -189,18 +189,33 @@ pub async fn merge(
     rows: Vec<RecordBatch>,
     txn: Option<MergeTxn<'_>>,
 ) -> Result<Option<MergeReport>> {
+    merge_kept(path, &mut None, spec, schema, rows, txn).await
+}
+
+/// [`merge`], with the table kept in `kept` between calls (a MERGE sink's batches), read
+/// again only when another writer committed since.
+async fn merge_kept(
+    path: &Path,
+    kept: &mut Option<DeltaTable>,
+    spec: &MergeSpec,
+    schema: SchemaRef,
+    rows: Vec<RecordBatch>,
+    txn: Option<MergeTxn<'_>>,
+) -> Result<Option<MergeReport>> {
     let lock = table_lock(path);
     let _write = lock.lock().await;
-    let table = deltalake::open_table(table_url(path)?)
-        .await
-        .map_err(|e| delta_err(path, e))?;
+    let table = latest(kept, path, &table_url(path)?).await?;
+    // Read again next time unless this MERGE's own commit replaces it.
+    *kept = None;
     if let Some(t) = txn
         && committed_batch(path, &table, t.app_id).await? >= Some(t.batch)
     {
+        *kept = Some(table);
         return Ok(None);
     }
     let source_rows: usize = rows.iter().map(|b| b.num_rows()).sum();
     if source_rows == 0 && !spec.acts_without_source() {
+        *kept = Some(table);
         return Ok(Some(MergeReport::default()));
     }
     let target = target_schema(path, &table)?;
@@ -236,6 +251,7 @@ pub async fn merge(
         .version()
         .filter(|v| Some(*v) != before)
         .map(|v| v as i64);
+    *kept = Some(table);
     Ok(Some(MergeReport {
         source_rows: metrics.num_source_rows as u64,
         inserted: metrics.num_target_rows_inserted as u64,
@@ -268,7 +284,7 @@ async fn committed_batch(path: &Path, table: &DeltaTable, app_id: &str) -> Resul
 
 /// The Arrow schema of the Delta table at `path`, or `None` when there is no table yet.
 pub async fn existing_schema(path: &Path) -> Result<Option<SchemaRef>> {
-    if !commit_file(path, 0).exists() && !path.join("_delta_log").is_dir() {
+    if !path.join("_delta_log").is_dir() {
         return Ok(None);
     }
     let table = deltalake::open_table(table_url(path)?)
@@ -284,6 +300,8 @@ pub struct MergeSink {
     spec: MergeSpec,
     /// The source rows' schema.
     schema: SchemaRef,
+    /// The target as of this sink's last MERGE.
+    table: tokio::sync::Mutex<Option<DeltaTable>>,
 }
 
 impl MergeSink {
@@ -292,6 +310,7 @@ impl MergeSink {
             path: path.to_path_buf(),
             spec,
             schema,
+            table: tokio::sync::Mutex::new(None),
         }
     }
 }
@@ -303,7 +322,17 @@ impl Sink for MergeSink {
             app_id: batch.query_id,
             batch: batch.id.get() as i64,
         };
-        match merge(&self.path, &self.spec, self.schema.clone(), rows, Some(txn)).await? {
+        let mut kept = self.table.lock().await;
+        let merged = merge_kept(
+            &self.path,
+            &mut kept,
+            &self.spec,
+            self.schema.clone(),
+            rows,
+            Some(txn),
+        )
+        .await?;
+        match merged {
             None => Ok(SinkCommit::AlreadyCommitted),
             Some(report) => {
                 tracing::debug!(
