@@ -6,6 +6,7 @@
 pub mod aggregate;
 pub mod dedup;
 mod delta_tables;
+pub mod join;
 pub mod operator;
 pub mod plan;
 pub mod progress;

@@ -1,8 +1,8 @@
 //! The stateful-operator contract, in the spirit of Arroyo's `ArrowOperator`: one trait
 //! with the lifecycle a micro-batch drives. The streaming plan (`engine::plan`) runs one per
 //! stateful node and the trigger loop commits and maintains them, knowing them only
-//! through it. The window aggregate (`engine::aggregate`) and deduplication
-//! (`engine::dedup`) implement it; joins are next behind the same trait.
+//! through it. The window aggregate (`engine::aggregate`), deduplication
+//! (`engine::dedup`) and the stream-stream join (`engine::join`, two inputs) implement it.
 //!
 //! Per batch `N`: `process_batch` (late rows judged by `WM(N-1)`, emission and eviction by
 //! `WM(N)`), `commit(N + 1)` before the sink, `maintain` after the commit log. At a start,
@@ -13,6 +13,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 
 use super::aggregate::{AggregateBatch, AggregateOperator, WindowKind};
 use super::dedup::DedupOperator;
+use super::join::JoinOperator;
 use crate::error::Result;
 use crate::state::StateMetrics;
 
@@ -31,10 +32,11 @@ pub trait StatefulOperator: Send {
     /// `BatchId::state_version`).
     fn load(&mut self, version: u64) -> Result<()>;
 
-    /// Processes one batch's rows; times in microseconds.
+    /// Processes one batch's rows, one list per input (a join has two); times in
+    /// microseconds.
     async fn process_batch(
         &mut self,
-        rows: Vec<RecordBatch>,
+        inputs: Vec<Vec<RecordBatch>>,
         late_watermark_us: i64,
         watermark_us: i64,
     ) -> Result<OperatorBatch>;
@@ -45,6 +47,11 @@ pub trait StatefulOperator: Send {
 
     /// Snapshots and removal of old versions, after the commit log.
     fn maintain(&mut self) -> Result<()>;
+}
+
+/// The rows of a one-input operator.
+fn first_input(inputs: Vec<Vec<RecordBatch>>) -> Vec<RecordBatch> {
+    inputs.into_iter().next().unwrap_or_default()
 }
 
 #[async_trait]
@@ -66,11 +73,12 @@ impl StatefulOperator for AggregateOperator {
 
     async fn process_batch(
         &mut self,
-        rows: Vec<RecordBatch>,
+        inputs: Vec<Vec<RecordBatch>>,
         late_watermark_us: i64,
         watermark_us: i64,
     ) -> Result<OperatorBatch> {
-        self.process(rows, late_watermark_us, watermark_us).await
+        self.process(first_input(inputs), late_watermark_us, watermark_us)
+            .await
     }
 
     fn commit(&mut self, version: u64) -> Result<StateMetrics> {
@@ -104,11 +112,11 @@ impl StatefulOperator for DedupOperator {
 
     async fn process_batch(
         &mut self,
-        rows: Vec<RecordBatch>,
+        inputs: Vec<Vec<RecordBatch>>,
         late_watermark_us: i64,
         watermark_us: i64,
     ) -> Result<OperatorBatch> {
-        self.process(rows, late_watermark_us, watermark_us)
+        self.process(first_input(inputs), late_watermark_us, watermark_us)
     }
 
     fn commit(&mut self, version: u64) -> Result<StateMetrics> {
@@ -117,5 +125,38 @@ impl StatefulOperator for DedupOperator {
 
     fn maintain(&mut self) -> Result<()> {
         DedupOperator::maintain(self)
+    }
+}
+
+#[async_trait]
+impl StatefulOperator for JoinOperator {
+    fn name(&self) -> &'static str {
+        "symmetricHashJoin"
+    }
+
+    /// Spark's `shouldRunAnotherBatch`: when the watermark removes state and has moved.
+    fn wants_no_data_batches(&self) -> bool {
+        self.info().evicts()
+    }
+
+    fn load(&mut self, version: u64) -> Result<()> {
+        JoinOperator::load(self, version)
+    }
+
+    async fn process_batch(
+        &mut self,
+        inputs: Vec<Vec<RecordBatch>>,
+        late_watermark_us: i64,
+        watermark_us: i64,
+    ) -> Result<OperatorBatch> {
+        self.process(inputs, late_watermark_us, watermark_us)
+    }
+
+    fn commit(&mut self, version: u64) -> Result<StateMetrics> {
+        JoinOperator::commit(self, version)
+    }
+
+    fn maintain(&mut self) -> Result<()> {
+        JoinOperator::maintain(self)
     }
 }

@@ -62,6 +62,7 @@ use super::aggregate::{
     find_output_time, set_output_keys,
 };
 use super::dedup::DedupInfo;
+use super::join::{JoinInfo, JoinKind};
 use super::operator::{OperatorBatch, StatefulOperator};
 use crate::error::{Error, Result};
 use crate::sink::RowTime;
@@ -235,6 +236,9 @@ pub struct BatchRuntime {
     operators: RwLock<Vec<SharedOperator>>,
     /// Per stateful operator: what this batch did in it.
     results: Mutex<Vec<Option<OperatorBatch>>>,
+    /// Per stateful operator: the stream-stream joins below it, whose output watermark is
+    /// its input watermark (spec §2.6).
+    joins_below: RwLock<Vec<Vec<JoinInfo>>>,
 }
 
 impl fmt::Debug for BatchRuntime {
@@ -270,7 +274,7 @@ impl BatchRuntime {
     async fn process(
         &self,
         id: usize,
-        rows: Vec<RecordBatch>,
+        inputs: Vec<Vec<RecordBatch>>,
     ) -> Result<Vec<super::aggregate::ArrayRefs>> {
         let op = self
             .operators
@@ -279,9 +283,20 @@ impl BatchRuntime {
             .get(id)
             .cloned()
             .ok_or_else(|| Error::Internal(format!("stateful operator {id} is not open")))?;
-        let (late, evict) = *lock(&self.watermarks);
+        let (mut late, mut evict) = *lock(&self.watermarks);
+        if let Some(joins) = self
+            .joins_below
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+        {
+            for j in joins {
+                late = late.min(j.output_watermark(late));
+                evict = evict.min(j.output_watermark(evict));
+            }
+        }
         let mut op = op.lock().await;
-        let mut out = op.process_batch(rows, late, evict).await?;
+        let mut out = op.process_batch(inputs, late, evict).await?;
         let emitted = std::mem::take(&mut out.emitted);
         if let Some(slot) = lock(&self.results).get_mut(id) {
             *slot = Some(out);
@@ -466,6 +481,77 @@ impl UserDefinedLogicalNodeCore for StatefulDedup {
     }
 }
 
+/// A stream-stream join (Spark's `StreamingSymmetricHashJoin`): the operator `id` over its
+/// two inputs; its schema is the join's, so the plan above it is untouched.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct StatefulJoin {
+    pub id: usize,
+    pub left: LogicalPlan,
+    pub right: LogicalPlan,
+    pub schema: DFSchemaRef,
+    pub info: JoinInfo,
+    /// What EXPLAIN shows.
+    pub label: String,
+}
+
+impl PartialOrd for StatefulJoin {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        self.id.partial_cmp(&other.id)
+    }
+}
+
+impl UserDefinedLogicalNodeCore for StatefulJoin {
+    fn name(&self) -> &str {
+        "StatefulJoin"
+    }
+
+    fn inputs(&self) -> Vec<&LogicalPlan> {
+        vec![&self.left, &self.right]
+    }
+
+    fn schema(&self) -> &DFSchemaRef {
+        &self.schema
+    }
+
+    fn expressions(&self) -> Vec<Expr> {
+        vec![]
+    }
+
+    /// Filters above stay above: a filter over one side would otherwise be copied onto
+    /// both inputs.
+    fn prevent_predicate_push_down_columns(&self) -> std::collections::HashSet<String> {
+        self.schema
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect()
+    }
+
+    fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "{}", self.label)
+    }
+
+    fn with_exprs_and_inputs(&self, _exprs: Vec<Expr>, inputs: Vec<LogicalPlan>) -> DfResult<Self> {
+        let mut inputs = inputs.into_iter();
+        match (inputs.next(), inputs.next()) {
+            (Some(left), Some(right)) => Ok(StatefulJoin {
+                left,
+                right,
+                ..self.clone()
+            }),
+            _ => Err(DataFusionError::Internal("a join has two inputs".into())),
+        }
+    }
+
+    /// The stored rows are whole input rows.
+    fn necessary_children_exprs(&self, _output_columns: &[usize]) -> Option<Vec<Vec<usize>>> {
+        Some(vec![
+            (0..self.left.schema().fields().len()).collect(),
+            (0..self.right.schema().fields().len()).collect(),
+        ])
+    }
+}
+
 /// Pass-through that records event-time statistics for watermark node `id`.
 #[derive(Debug)]
 pub struct EventTimeWatermarkExec {
@@ -573,14 +659,14 @@ impl ExecutionPlan for EventTimeWatermarkExec {
     }
 }
 
-/// Runs stateful operator `id` over all of its input's rows of the batch, in one output
-/// partition. The input's partitions are read in order, so a replayed batch gives the
-/// operator its rows in the same order.
+/// Runs stateful operator `id` over all of its inputs' rows of the batch (a join has two),
+/// in one output partition. Each input's partitions are read in order, the inputs one after
+/// the other, so a replayed batch gives the operator its rows in the same order.
 #[derive(Debug)]
 pub struct StatefulOperatorExec {
     id: usize,
     label: String,
-    input: Arc<dyn ExecutionPlan>,
+    inputs: Vec<Arc<dyn ExecutionPlan>>,
     runtime: Arc<BatchRuntime>,
     cache: Arc<PlanProperties>,
 }
@@ -590,7 +676,7 @@ impl StatefulOperatorExec {
         id: usize,
         label: String,
         schema: SchemaRef,
-        input: Arc<dyn ExecutionPlan>,
+        inputs: Vec<Arc<dyn ExecutionPlan>>,
         runtime: Arc<BatchRuntime>,
     ) -> StatefulOperatorExec {
         let cache = Arc::new(PlanProperties::new(
@@ -602,7 +688,7 @@ impl StatefulOperatorExec {
         StatefulOperatorExec {
             id,
             label,
-            input,
+            inputs,
             runtime,
             cache,
         }
@@ -625,11 +711,11 @@ impl ExecutionPlan for StatefulOperatorExec {
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
+        self.inputs.iter().collect()
     }
 
     fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        vec![false]
+        vec![false; self.inputs.len()]
     }
 
     fn apply_expressions(
@@ -644,14 +730,17 @@ impl ExecutionPlan for StatefulOperatorExec {
         children: Vec<Arc<dyn ExecutionPlan>>,
         _options: ReplaceChildrenOptions,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let input = children.into_iter().next().ok_or_else(|| {
-            DataFusionError::Internal("StatefulOperatorExec needs an input".into())
-        })?;
+        if children.len() != self.inputs.len() {
+            return Err(DataFusionError::Internal(format!(
+                "StatefulOperatorExec needs {} inputs",
+                self.inputs.len()
+            )));
+        }
         Ok(Arc::new(StatefulOperatorExec::new(
             self.id,
             self.label.clone(),
             self.schema(),
-            input,
+            children,
             self.runtime.clone(),
         )))
     }
@@ -676,19 +765,24 @@ impl ExecutionPlan for StatefulOperatorExec {
                 "StatefulOperatorExec has one partition, not {partition}"
             )));
         }
-        let (id, input, runtime, schema) = (
+        let (id, inputs, runtime, schema) = (
             self.id,
-            self.input.clone(),
+            self.inputs.clone(),
             self.runtime.clone(),
             self.schema(),
         );
         let out_schema = schema.clone();
         let rows = futures::stream::once(async move {
-            let rows = datafusion::physical_plan::collect_partitioned(input, context)
-                .await?
-                .into_iter()
-                .flatten()
-                .collect();
+            let mut rows = Vec::with_capacity(inputs.len());
+            for input in inputs {
+                rows.push(
+                    datafusion::physical_plan::collect_partitioned(input, context.clone())
+                        .await?
+                        .into_iter()
+                        .flatten()
+                        .collect(),
+                );
+            }
             let emitted = runtime.process(id, rows).await.map_err(external)?;
             let batches = emitted
                 .iter()
@@ -736,7 +830,7 @@ impl ExtensionPlanner for StreamingExtensionPlanner {
                 a.id,
                 a.label.clone(),
                 Arc::new(a.schema.as_arrow().clone()),
-                input()?,
+                vec![input()?],
                 self.runtime.clone(),
             ))));
         }
@@ -746,7 +840,19 @@ impl ExtensionPlanner for StreamingExtensionPlanner {
                 d.id,
                 d.label.clone(),
                 input.schema(),
-                input,
+                vec![input],
+                self.runtime.clone(),
+            ))));
+        }
+        if let Some(j) = node.as_any().downcast_ref::<StatefulJoin>() {
+            if physical_inputs.len() != 2 {
+                return Err(DataFusionError::Internal("a join has two inputs".into()));
+            }
+            return Ok(Some(Arc::new(StatefulOperatorExec::new(
+                j.id,
+                j.label.clone(),
+                Arc::new(j.schema.as_arrow().clone()),
+                physical_inputs.to_vec(),
                 self.runtime.clone(),
             ))));
         }
@@ -797,13 +903,14 @@ pub struct WatermarkNode {
 pub enum OperatorKind {
     Aggregate(AggregateInfo),
     Dedup(DedupInfo),
+    Join(Box<JoinInfo>),
 }
 
 impl OperatorKind {
     pub fn aggregate(&self) -> Option<&AggregateInfo> {
         match self {
             OperatorKind::Aggregate(a) => Some(a),
-            OperatorKind::Dedup(_) => None,
+            _ => None,
         }
     }
 }
@@ -923,6 +1030,13 @@ pub fn marked_columns(plan: &LogicalPlan) -> Vec<String> {
                 a.marked.clone()
             } else if let Some(d) = e.node.as_any().downcast_ref::<StatefulDedup>() {
                 marked_columns(&d.input)
+            } else if let Some(j) = e.node.as_any().downcast_ref::<StatefulJoin>() {
+                let mut marks = marked_columns(&j.left);
+                if j.info.kind != JoinKind::LeftSemi {
+                    marks.extend(marked_columns(&j.right));
+                }
+                marks.retain(|m| j.schema.has_column_with_unqualified_name(m));
+                marks
             } else {
                 vec![]
             }
@@ -1095,6 +1209,9 @@ impl Builder<'_> {
                 })))
             }
             LogicalPlan::Distinct(distinct) => self.dedup(distinct).map(Transformed::yes),
+            LogicalPlan::Join(join) if self.joins_two_streams(&join) => {
+                self.stream_join(join).map(Transformed::yes)
+            }
             LogicalPlan::Filter(filter) => match self.first_row_per_key(&filter)? {
                 Some(plan) => Ok(Transformed::yes(plan)),
                 None => Ok(Transformed::no(LogicalPlan::Filter(filter))),
@@ -1232,6 +1349,255 @@ impl Builder<'_> {
             plan = LogicalPlanBuilder::from(plan).alias(alias)?.build()?;
         }
         Ok(Some(plan))
+    }
+
+    fn joins_two_streams(&self, join: &datafusion::logical_expr::Join) -> bool {
+        let names: Vec<String> = self.sources.iter().map(|s| s.name.clone()).collect();
+        reads_stream(&join.left, &names) && reads_stream(&join.right, &names)
+    }
+
+    /// A join of two streams as a [`StatefulJoin`] (spec §8.2-8.3): the condition split
+    /// into equi-join keys, conditions on one side and the rest; one-side conditions pushed
+    /// into the inputs where Spark's optimizer pushes them (both sides of an inner or left
+    /// semi join, the nullable side of an outer join), with the `IS NOT NULL` filters Spark
+    /// infers from the condition; each side's state clean-up; Spark's refusals.
+    fn stream_join(&mut self, join: datafusion::logical_expr::Join) -> Result<LogicalPlan> {
+        use super::join::{Cleanup, JoinSide, conjuncts, reads_only, value_bounds};
+        use datafusion::logical_expr::{BinaryExpr, Operator, utils::conjunction};
+        let kind = JoinKind::of(join.join_type).ok_or_else(|| Error::Unsupported {
+            message: format!(
+                "{} join between two streams is not supported, as in Spark",
+                join.join_type
+            ),
+            hint: Some(
+                "Joins of two streams are INNER, LEFT, RIGHT and FULL OUTER, and LEFT SEMI.".into(),
+            ),
+        })?;
+        if self.mode != OutputMode::Append {
+            return Err(Error::Unsupported {
+                message: format!(
+                    "a join of two streams is not supported in {} output mode, as in Spark: \
+                     its rows are final when emitted",
+                    self.mode.as_str()
+                ),
+                hint: Some("Use output_mode = 'append'.".into()),
+            });
+        }
+        if contains_aggregate(&join.left) || contains_aggregate(&join.right) {
+            return Err(Error::unsupported(
+                "a join of two streams over a streaming aggregation is not supported yet",
+            ));
+        }
+        let (ls, rs) = (join.left.schema().clone(), join.right.schema().clone());
+        let mut conditions: Vec<Expr> = join
+            .on
+            .iter()
+            .map(|(l, r)| l.clone().eq(r.clone()))
+            .collect();
+        if let Some(f) = &join.filter {
+            conditions.extend(conjuncts(f));
+        }
+        let (mut left_keys, mut right_keys) = (Vec::new(), Vec::new());
+        let (mut left_only, mut right_only, mut both) = (Vec::new(), Vec::new(), Vec::new());
+        // Columns a null-intolerant comparison reads: Spark infers IS NOT NULL for them.
+        let mut compared = Vec::new();
+        for c in conditions {
+            if let Expr::BinaryExpr(BinaryExpr { left, op, right }) = &c {
+                if matches!(
+                    op,
+                    Operator::Eq
+                        | Operator::NotEq
+                        | Operator::Lt
+                        | Operator::LtEq
+                        | Operator::Gt
+                        | Operator::GtEq
+                ) {
+                    compared.extend(c.column_refs().into_iter().cloned());
+                }
+                if *op == Operator::Eq
+                    && !left.column_refs().is_empty()
+                    && !right.column_refs().is_empty()
+                {
+                    if reads_only(left, &ls) && reads_only(right, &rs) {
+                        left_keys.push(left.as_ref().clone());
+                        right_keys.push(right.as_ref().clone());
+                        continue;
+                    }
+                    if reads_only(left, &rs) && reads_only(right, &ls) {
+                        left_keys.push(right.as_ref().clone());
+                        right_keys.push(left.as_ref().clone());
+                        continue;
+                    }
+                }
+            }
+            if c.is_volatile() {
+                both.push(c);
+            } else if reads_only(&c, &ls) {
+                left_only.push(c);
+            } else if reads_only(&c, &rs) {
+                right_only.push(c);
+            } else {
+                both.push(c);
+            }
+        }
+        // Spark's PushPredicateThroughJoin and InferFiltersFromConstraints.
+        let (push_left, push_right) = match kind {
+            JoinKind::Inner | JoinKind::LeftSemi => (true, true),
+            JoinKind::LeftOuter => (false, true),
+            JoinKind::RightOuter => (true, false),
+            JoinKind::FullOuter => (false, false),
+        };
+        let not_null = |schema: &DFSchemaRef| -> Vec<Expr> {
+            let mut seen = Vec::new();
+            for c in &compared {
+                if schema.has_column(c) && !seen.contains(c) {
+                    seen.push(c.clone());
+                }
+            }
+            seen.into_iter()
+                .map(|c| Expr::Column(c).is_not_null())
+                .collect()
+        };
+        let with_filter = |input: LogicalPlan, mut exprs: Vec<Expr>, extra: Vec<Expr>| {
+            exprs.extend(extra);
+            match conjunction(exprs) {
+                Some(p) => LogicalPlanBuilder::from(input).filter(p)?.build(),
+                None => Ok(input),
+            }
+        };
+        let (left_filter, left) = if push_left {
+            let extra = not_null(&ls);
+            (
+                None,
+                with_filter(
+                    join.left.as_ref().clone(),
+                    std::mem::take(&mut left_only),
+                    extra,
+                )?,
+            )
+        } else {
+            (
+                conjunction(std::mem::take(&mut left_only)),
+                join.left.as_ref().clone(),
+            )
+        };
+        let (right_filter, right) = if push_right {
+            let extra = not_null(&rs);
+            (
+                None,
+                with_filter(
+                    join.right.as_ref().clone(),
+                    std::mem::take(&mut right_only),
+                    extra,
+                )?,
+            )
+        } else {
+            (
+                conjunction(std::mem::take(&mut right_only)),
+                join.right.as_ref().clone(),
+            )
+        };
+        let time_of = |plan: &LogicalPlan| -> Option<String> {
+            marked_columns(plan).into_iter().find(|m| {
+                plan.schema().fields().iter().any(|f| {
+                    f.name() == m
+                        && matches!(f.data_type(), DataType::Timestamp(..) | DataType::Struct(_))
+                })
+            })
+        };
+        let (left_time, right_time) = (time_of(&left), time_of(&right));
+        let (left_marks, right_marks) = (marked_columns(&left), marked_columns(&right));
+        let marked_key = |e: &Expr, marks: &[String], schema: &DFSchemaRef| match e {
+            Expr::Column(c) => {
+                marks.contains(&c.name)
+                    && schema.qualified_field_from_column(c).is_ok_and(|(_, f)| {
+                        matches!(f.data_type(), DataType::Timestamp(..) | DataType::Struct(_))
+                    })
+            }
+            _ => false,
+        };
+        let key_ordinal = left_keys
+            .iter()
+            .zip(&right_keys)
+            .position(|(l, r)| marked_key(l, &left_marks, &ls) || marked_key(r, &right_marks, &rs));
+        let left_bounds = value_bounds(&both, &ls, &rs, right_time.as_deref());
+        let right_bounds = value_bounds(&both, &rs, &ls, left_time.as_deref());
+        let cleanup = |time: &Option<String>, bounds: Vec<super::join::TimeBound>| match key_ordinal
+        {
+            Some(ordinal) => Cleanup::Key { ordinal },
+            None if time.is_some() && !bounds.is_empty() => Cleanup::Value { bounds },
+            None => Cleanup::Never,
+        };
+        // Spark's checkForStreamStreamJoinWatermark.
+        let bounded = key_ordinal.is_some()
+            || match kind {
+                JoinKind::Inner => true,
+                JoinKind::LeftOuter | JoinKind::LeftSemi => !left_bounds.is_empty(),
+                JoinKind::RightOuter => !right_bounds.is_empty(),
+                JoinKind::FullOuter => !left_bounds.is_empty() || !right_bounds.is_empty(),
+            };
+        if !bounded {
+            let (kept, nullable) = match kind {
+                JoinKind::RightOuter => ("right", "left"),
+                JoinKind::FullOuter => ("either", "other"),
+                _ => ("left", "right"),
+            };
+            return Err(Error::Unsupported {
+                message: format!(
+                    "{} join between two streams is not supported without a watermark in \
+                     the join keys, or a watermark on the {nullable} side and a time-range \
+                     condition that bounds how long the {kept} side's rows wait for a match, \
+                     as in Spark",
+                    kind.spark_name()
+                ),
+                hint: Some(
+                    "Declare a watermark on both streams and add a range condition, for \
+                     example ON c.ad_id = i.ad_id AND c.click_time >= i.impression_time AND \
+                     c.click_time <= i.impression_time + INTERVAL '1 hour'."
+                        .into(),
+                ),
+            });
+        }
+        let info = JoinInfo {
+            kind,
+            left: JoinSide {
+                schema: left.schema().clone(),
+                keys: left_keys,
+                filter: left_filter,
+                cleanup: cleanup(&left_time, left_bounds),
+                time: left_time,
+            },
+            right: JoinSide {
+                schema: right.schema().clone(),
+                keys: right_keys,
+                filter: right_filter,
+                cleanup: cleanup(&right_time, right_bounds),
+                time: right_time,
+            },
+            residual: conjunction(both),
+        };
+        let id = self.operators.len();
+        let label = format!(
+            "StatefulJoin: id={id} {} state={} partitions={}",
+            info.describe(),
+            self.state.store,
+            self.state.partitions
+        );
+        self.operators.push(OperatorNode {
+            id,
+            kind: OperatorKind::Join(Box::new(info.clone())),
+            input_schema: Arc::new(left.schema().as_arrow().clone()),
+        });
+        Ok(LogicalPlan::Extension(Extension {
+            node: Arc::new(StatefulJoin {
+                id,
+                left,
+                right,
+                schema: join.schema.clone(),
+                info,
+                label,
+            }),
+        }))
     }
 
     /// A [`StatefulDedup`] on `keys` (input columns) over `input`.
@@ -1544,12 +1910,8 @@ fn stream_static_refusal(
         reads_stream(&join.right, streams),
     );
     let allowed = match (left, right) {
-        (true, true) => {
-            return Some(Error::unsupported(
-                "joins of two streams are not supported yet (stream-static joins are)",
-            ));
-        }
-        (false, false) => true,
+        // A join of two streams: the builder's (`stream_join`).
+        (true, true) | (false, false) => true,
         (true, false) => matches!(
             join.join_type,
             JoinType::Inner | JoinType::Left | JoinType::LeftSemi | JoinType::LeftAnti
@@ -1676,6 +2038,10 @@ impl StreamingPlan {
             });
         }
         let (watermarks, mut operators) = (builder.watermarks, builder.operators);
+        *runtime
+            .joins_below
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = joins_below(&plan, operators.len());
         let aggregations = operators
             .iter()
             .filter(|o| o.kind.aggregate().is_some())
@@ -1814,6 +2180,40 @@ impl StreamingPlan {
             operators,
         })
     }
+}
+
+/// Per operator id: the stream-stream joins in its input, whose output watermark its input
+/// watermark is (spec §2.6).
+fn joins_below(plan: &LogicalPlan, operators: usize) -> Vec<Vec<JoinInfo>> {
+    fn joins_in(plan: &LogicalPlan, out: &mut Vec<JoinInfo>) {
+        let _ = plan.apply(|node| {
+            if let LogicalPlan::Extension(e) = node
+                && let Some(j) = e.node.as_any().downcast_ref::<StatefulJoin>()
+            {
+                out.push(j.info.clone());
+            }
+            Ok(TreeNodeRecursion::Continue)
+        });
+    }
+    let mut below = vec![Vec::new(); operators];
+    let _ = plan.apply(|node| {
+        if let LogicalPlan::Extension(e) = node {
+            let id = if let Some(a) = e.node.as_any().downcast_ref::<StatefulAggregate>() {
+                Some(a.id)
+            } else if let Some(d) = e.node.as_any().downcast_ref::<StatefulDedup>() {
+                Some(d.id)
+            } else {
+                e.node.as_any().downcast_ref::<StatefulJoin>().map(|j| j.id)
+            };
+            if let Some(slot) = id.and_then(|id| below.get_mut(id)) {
+                for input in e.node.inputs() {
+                    joins_in(input, slot);
+                }
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    below
 }
 
 /// What one execution of the plan produced.

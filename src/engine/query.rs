@@ -20,6 +20,7 @@ use super::aggregate::{
     AggregateBatch, AggregateInfo, AggregateOperator, EventTimeStats, KeyTime, OutputMode,
 };
 use super::dedup::DedupOperator;
+use super::join::JoinOperator;
 use super::operator::StatefulOperator;
 use super::plan::{
     DedupMode, OperatorKind, StateConfig, StaticInput, StreamInput, StreamingPlan, WatermarkNode,
@@ -163,6 +164,19 @@ pub fn checkpoint_definition(
                         .iter()
                         .map(|k| format!("{prefix}distinct({keep}) {k}")),
                 );
+            }
+            // A join's type and keys fix its state (spec §8.5).
+            OperatorKind::Join(j) => {
+                group_keys.extend(
+                    j.left
+                        .keys
+                        .iter()
+                        .zip(&j.right.keys)
+                        .map(|(l, r)| format!("{prefix}join({}) {l} = {r}", j.kind.spark_name())),
+                );
+                if j.left.keys.is_empty() {
+                    group_keys.push(format!("{prefix}join({})", j.kind.spark_name()));
+                }
             }
         }
     }
@@ -721,6 +735,12 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                 &node.input_schema,
                 def.state_partitions,
                 open,
+            )?),
+            // Each side's rows in state/<id>/left and state/<id>/right.
+            OperatorKind::Join(info) => Box::new(JoinOperator::try_new(
+                info.as_ref().clone(),
+                def.state_partitions,
+                |side, layout| crate::state::open(def.state_store, &dir.join(side), layout),
             )?),
         };
         // Batch N reads state version N.

@@ -411,6 +411,9 @@ enum Target {
     /// `DISTINCT ON (user_id, page)` within the watermark into a Delta sink: keys are
     /// added, expire and come back batch after batch.
     DedupSink,
+    /// A stream-stream left outer join of the clicks with the same user's next clicks
+    /// within two minutes: both sides' rows stored, matched, evicted, null rows emitted.
+    JoinSink,
 }
 
 async fn windowed_run(
@@ -437,6 +440,14 @@ async fn windowed_run(
             "SINK",
             ", deduplicate = 'within_watermark'",
             "SELECT DISTINCT ON (user_id, page) user_id, page, event_time FROM clicks",
+        ),
+        Target::JoinSink => (
+            "SINK",
+            "",
+            "SELECT a.user_id, a.page, a.event_time, b.page AS next_page, \
+             b.event_time AS next_time FROM clicks a LEFT JOIN clicks b \
+             ON b.user_id = a.user_id AND b.event_time > a.event_time \
+             AND b.event_time <= a.event_time + INTERVAL '2 minutes'",
         ),
     };
     client
@@ -487,10 +498,16 @@ pub fn final_watermark(data_dir: &Path, sink: &str) -> i64 {
     json["nextBatchWatermarkMs"].as_i64().unwrap()
 }
 
-/// The sink's state at its last committed version, as stored bytes.
+/// The sink's state at its last committed version, as stored bytes (a join's two sides
+/// one after the other).
 pub fn state_dump(data_dir: &Path, sink: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
     let n = committed_batches(data_dir, sink) as u64;
     let dir = data_dir.join("checkpoints").join(sink).join("state/0");
+    if dir.join("left").exists() {
+        let mut both = tidemark::state::dump(&dir.join("left"), n).unwrap();
+        both.extend(tidemark::state::dump(&dir.join("right"), n).unwrap());
+        return both;
+    }
     tidemark::state::dump(&dir, n).unwrap()
 }
 
@@ -515,6 +532,11 @@ async fn windowed_table(server: &TestServer, target: Target) -> Vec<String> {
         Target::DedupSink => {
             "SELECT user_id || ' ' || page || ' ' || CAST(event_time AS TEXT) AS r FROM views \
              ORDER BY r"
+        }
+        Target::JoinSink => {
+            "SELECT user_id || ' ' || page || ' ' || CAST(event_time AS TEXT) || ' ' || \
+             coalesce(next_page, '-') || ' ' || coalesce(CAST(next_time AS TEXT), '-') AS r \
+             FROM views ORDER BY r"
         }
     };
     client
@@ -580,7 +602,7 @@ async fn windowed_crash_everywhere(store: &str, target: Target) {
     // The sink's own point (Delta data files written, no log entry yet) or the view's
     // (its log file written, not yet renamed; renamed, not yet in memory).
     let own: &[(&str, usize)] = match target {
-        Target::Sink | Target::DedupSink => &[("sink_files_written", 7)],
+        Target::Sink | Target::DedupSink | Target::JoinSink => &[("sink_files_written", 7)],
         Target::View => &[("view_log_before_rename", 7), ("view_after_log", 7)],
     };
     let points = [
@@ -665,4 +687,17 @@ async fn dedup_crash_everywhere_memory_store() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dedup_crash_everywhere_rocksdb_store() {
     windowed_crash_everywhere("rocksdb", Target::DedupSink).await;
+}
+
+/// A stream-stream join's two states (rows stored, matched, evicted with their null rows)
+/// and its sink after any crash are those of an uninterrupted run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn join_crash_everywhere_memory_store() {
+    windowed_crash_everywhere("memory", Target::JoinSink).await;
+}
+
+#[cfg(feature = "rocksdb")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn join_crash_everywhere_rocksdb_store() {
+    windowed_crash_everywhere("rocksdb", Target::JoinSink).await;
 }

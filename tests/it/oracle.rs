@@ -954,3 +954,136 @@ async fn stream_static_joins_match_spark() {
     }
     server.stop().await;
 }
+
+/// Stream-stream joins against Spark (`tests/oracle/stream_join/`, made by
+/// `make_expected.sh`): Spark's documented ad example, impressions (watermark 10 minutes)
+/// joined with clicks (20 minutes) on the ad and a one-hour range, inner, left, right and
+/// full outer, one file of each stream per batch. Batch by batch, as Spark: input rows, the
+/// watermark in force, rows dropped as late, the join's state rows total/updated/removed and
+/// rows written (outer rows come out only once the watermark passes them); then every row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_stream_joins_match_spark() {
+    let case = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/stream_join");
+    let tmp = tempfile::tempdir().unwrap();
+    let mut mtime = SystemTime::now() - Duration::from_secs(86_400);
+    let mut landing = BTreeMap::new();
+    for side in ["impressions", "ad_clicks"] {
+        let dir = tmp.path().join(side);
+        std::fs::create_dir_all(&dir).unwrap();
+        land(&case.join(side), &dir, &mut mtime);
+        landing.insert(side, dir.display().to_string());
+    }
+    let server = TestServer::start(&tmp.path().join("data"), 0, &[]).await;
+    let client = server.connect().await;
+    let mut sql = format!(
+        "CREATE STREAM impressions (ad_id TEXT, impression_time TIMESTAMP, WATERMARK FOR \
+         impression_time AS impression_time - INTERVAL '10 minutes') WITH (format = 'json', \
+         path = '{}', max_files_per_trigger = 1);
+         CREATE STREAM ad_clicks (ad_id TEXT, click_time TIMESTAMP, WATERMARK FOR click_time \
+         AS click_time - INTERVAL '20 minutes') WITH (format = 'json', path = '{}', \
+         max_files_per_trigger = 1);",
+        landing["impressions"], landing["ad_clicks"]
+    );
+    let joins = [
+        ("inner", "inner", "JOIN"),
+        ("left_outer", "leftOuter", "LEFT OUTER JOIN"),
+        ("right_outer", "rightOuter", "RIGHT OUTER JOIN"),
+        ("full_outer", "fullOuter", "FULL OUTER JOIN"),
+    ];
+    for (name, _, keyword) in joins {
+        sql.push_str(&format!(
+            "CREATE SINK {name} WITH (trigger = 'available_now') AS
+               SELECT i.ad_id AS impression_ad_id, i.impression_time,
+                      c.ad_id AS click_ad_id, c.click_time
+               FROM impressions i {keyword} ad_clicks c
+                 ON c.ad_id = i.ad_id AND c.click_time >= i.impression_time
+                AND c.click_time <= i.impression_time + INTERVAL '1 hour';"
+        ));
+    }
+    client
+        .batch_execute(&sql)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
+    for (name, spark, _) in joins {
+        wait_finished(&client, name).await;
+        let expected = case.join("expected").join(spark);
+        let mut per_batch: BTreeMap<String, u64> = BTreeMap::new();
+        for r in read_csv(&expected.join("changelog.csv")) {
+            *per_batch.entry(r[0].clone()).or_default() += 1;
+        }
+        // batch_id, num_input_rows, (per source), watermark, min, max, dropped, total,
+        // updated, removed, operators, ...
+        let want: Vec<Vec<String>> = read_csv(&expected.join("batches.csv"))
+            .into_iter()
+            .map(|r| {
+                let n = per_batch.get(&r[0]).copied().unwrap_or(0);
+                vec![
+                    r[0].clone(),
+                    r[1].clone(),
+                    r[4].clone(),
+                    r[7].clone(),
+                    r[8].clone(),
+                    r[9].clone(),
+                    r[10].clone(),
+                    r[11].clone(),
+                    n.to_string(),
+                ]
+            })
+            .collect();
+        let got: Vec<Vec<String>> = rows(
+            &client,
+            &format!(
+                "SELECT batch_id, num_input_rows, watermark, sink_output_rows, progress \
+                 FROM tidemark.progress WHERE name = '{name}' ORDER BY batch_id"
+            ),
+        )
+        .await
+        .into_iter()
+        .map(|r| {
+            let p: serde_json::Value = serde_json::from_str(r[4].as_deref().unwrap()).unwrap();
+            let op = &p["stateOperators"][0];
+            vec![
+                r[0].clone().unwrap(),
+                r[1].clone().unwrap(),
+                progress_ts(r[2].as_deref().unwrap()),
+                op["numRowsDroppedByWatermark"].to_string(),
+                op["numRowsTotal"].to_string(),
+                op["numRowsUpdated"].to_string(),
+                op["numRowsRemoved"].to_string(),
+                op["operatorName"].as_str().unwrap_or_default().to_string(),
+                r[3].clone().unwrap(),
+            ]
+        })
+        .collect();
+        assert_eq!(
+            got,
+            want,
+            "{name}: batches (id, input rows, watermark, dropped late, state rows \
+             total/updated/removed, operator, rows written)\n{}",
+            server.log()
+        );
+        let mut table: Vec<Vec<String>> = rows(
+            &client,
+            &format!(
+                "SELECT impression_ad_id, impression_time, click_ad_id, click_time FROM {name}"
+            ),
+        )
+        .await
+        .into_iter()
+        .map(|r| {
+            r.into_iter()
+                .enumerate()
+                .map(|(i, v)| match (i, v) {
+                    (1 | 3, Some(ts)) => iso(&ts),
+                    (_, v) => v.unwrap_or_default(),
+                })
+                .collect()
+        })
+        .collect();
+        table.sort();
+        let mut want_rows = read_csv(&expected.join("output.csv"));
+        want_rows.sort();
+        assert_eq!(table, want_rows, "{name}: every row written");
+    }
+    server.stop().await;
+}
