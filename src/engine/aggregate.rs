@@ -474,6 +474,20 @@ pub struct AggregateBatch {
     pub all_removals_ms: u64,
     /// The operator's own counters, as Spark's `customMetrics`.
     pub custom_metrics: Vec<(&'static str, u64)>,
+    /// The rows dropped as late, as the operator's input (for `late_rows = 'table'`).
+    pub late: Vec<super::side_tables::DroppedRows>,
+}
+
+impl AggregateBatch {
+    /// Counts `late` (the operator's input rows, time in column `time`) as dropped by the
+    /// watermark, and keeps them for the late-rows table.
+    pub fn drop(&mut self, late: RecordBatch, time: usize) {
+        if late.num_rows() > 0 {
+            self.dropped_late += late.num_rows() as u64;
+            self.late
+                .push(super::side_tables::DroppedRows { rows: late, time });
+        }
+    }
 }
 
 impl AggregateOperator {
@@ -708,7 +722,7 @@ impl AggregateOperator {
             let b = match (key_time, late_filter) {
                 (Some((_, col)), true) if wm_late_us > 0 => {
                     let (kept, late) = drop_late(&b, col, wm_late_us)?;
-                    out.dropped_late += late;
+                    out.drop(late, col);
                     kept
                 }
                 _ => b,
@@ -880,26 +894,43 @@ impl AggregateOperator {
 
 pub type ArrayRefs = Vec<ArrayRef>;
 
-/// `batch` without its rows whose time in `column` (a timestamp) is at or before `wm_us`,
-/// and how many those were: the late-row filter of every stateful operator (spec §3.1).
-/// NULL times are never late.
+/// Microseconds of a time column: a timestamp, or a window's end (a struct's `end`).
+pub(crate) fn time_micros(column: &ArrayRef) -> Result<datafusion::arrow::array::Int64Array> {
+    let column = match column.data_type() {
+        DataType::Struct(fields) => {
+            let s: &StructArray = column.as_struct();
+            let end = fields
+                .iter()
+                .position(|f| f.name() == "end")
+                .unwrap_or(1.min(fields.len().saturating_sub(1)));
+            s.column(end).clone()
+        }
+        _ => column.clone(),
+    };
+    let c = cast(&column, &DataType::Timestamp(TimeUnit::Microsecond, None))?;
+    let c = cast(&c, &DataType::Int64)?;
+    Ok(c.as_primitive::<Int64Type>().clone())
+}
+
+/// `batch` split into its rows whose time in `column` (a timestamp, or a window's end) is
+/// after `wm_us`, and the late ones: the late-row filter of every stateful operator (spec
+/// §3.1). NULL times are never late.
 pub(crate) fn drop_late(
     batch: &RecordBatch,
     column: usize,
     wm_us: i64,
-) -> Result<(RecordBatch, u64)> {
-    let c = cast(
-        batch.column(column),
-        &DataType::Timestamp(TimeUnit::Microsecond, None),
-    )?;
-    let c = cast(&c, &DataType::Int64)?;
+) -> Result<(RecordBatch, RecordBatch)> {
+    let c = time_micros(batch.column(column))?;
     let keep: BooleanArray = c
-        .as_primitive::<Int64Type>()
         .iter()
         .map(|v| Some(v.is_none_or(|v| v > wm_us)))
         .collect();
     let kept = filter_record_batch(batch, &keep)?;
-    let late = (batch.num_rows() - kept.num_rows()) as u64;
+    let late = if kept.num_rows() == batch.num_rows() {
+        RecordBatch::new_empty(batch.schema())
+    } else {
+        filter_record_batch(batch, &datafusion::arrow::compute::not(&keep)?)?
+    };
     Ok((kept, late))
 }
 

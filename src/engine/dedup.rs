@@ -227,7 +227,7 @@ impl DedupOperator {
             let b = match self.time_index {
                 Some(t) if wm_late_us > 0 => {
                     let (kept, late) = drop_late(&b, t, wm_late_us)?;
-                    out.dropped_late += late;
+                    out.drop(late, t);
                     kept
                 }
                 _ => b,

@@ -150,6 +150,50 @@ impl Engine {
         }
     }
 
+    /// The late-rows table of sink or view `sink` (`late_rows = 'table'`), made in the data
+    /// directory unless a table of that name with its columns exists (a sink made again
+    /// keeps writing to it). Returns whether it was made now.
+    pub(super) async fn ensure_late_rows_table(
+        &self,
+        cat: &mut Catalog,
+        sink: &str,
+    ) -> Result<bool> {
+        let name = super::side_tables::late_rows_table(sink);
+        let schema = super::side_tables::late_rows_schema();
+        if let Some(t) = cat.table(&name) {
+            let existing = delta::merge::existing_schema(&t.path).await?;
+            let same = existing.is_some_and(|e| {
+                e.fields().len() == schema.fields().len()
+                    && e.fields()
+                        .iter()
+                        .zip(schema.fields())
+                        .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type())
+            });
+            if !same {
+                return Err(Error::DuplicateObject {
+                    kind: "table",
+                    name,
+                });
+            }
+            return Ok(false);
+        }
+        if let Some(kind) = self.name_taken(cat, &name) {
+            return Err(Error::DuplicateObject { kind, name });
+        }
+        let path = self.data_dir.join("tables").join(&name);
+        delta::ensure_table(&path, &name, &schema).await?;
+        let def = TableDef {
+            name,
+            path,
+            primary_key: vec![],
+            options: Default::default(),
+            owns_path: true,
+        };
+        self.register_table(&def).await?;
+        cat.tables.push(def);
+        Ok(true)
+    }
+
     /// Writes a `CREATE TABLE ... AS` query's rows into the new table, in one commit.
     async fn fill_table(&self, name: &str, df: datafusion::dataframe::DataFrame) -> Result<usize> {
         let schema = self
@@ -207,7 +251,12 @@ impl Engine {
         let dependents: Vec<String> = cat
             .sinks
             .iter()
-            .filter(|s| (s.merge.is_some() && s.path == def.path) || s.tables.contains(&def.name))
+            .filter(|s| {
+                (s.merge.is_some() && s.path == def.path)
+                    || s.tables.contains(&def.name)
+                    || (super::side_tables::wants_late_rows(&s.options)
+                        && super::side_tables::late_rows_table(&s.name) == def.name)
+            })
             .map(|s| format!("{} \"{}\"", s.kind.noun(), s.name))
             .collect();
         if !dependents.is_empty() {

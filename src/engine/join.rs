@@ -33,18 +33,18 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, Int64Array, RecordBatch, StructArray,
-    TimestampMicrosecondArray, UInt32Array, new_null_array,
+    Array, ArrayRef, AsArray, BooleanArray, Int64Array, RecordBatch, TimestampMicrosecondArray,
+    UInt32Array, new_null_array,
 };
 use datafusion::arrow::compute::{cast, concat_batches, filter_record_batch, take};
-use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, TimeUnit};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::{Column, DFSchema, DFSchemaRef, ScalarValue};
 use datafusion::logical_expr::{BinaryExpr, Expr, JoinType, Operator};
 use datafusion::physical_plan::PhysicalExpr;
 use datafusion::prelude::SessionContext;
 
-use super::aggregate::drop_late;
+use super::aggregate::{drop_late, time_micros};
 use super::operator::OperatorBatch;
 use crate::error::{Error, Result};
 use crate::state::{StateLayout, StateMetrics, StateStore};
@@ -439,24 +439,6 @@ pub struct JoinOperator {
     version: u64,
 }
 
-/// Microseconds of a time column: a timestamp, or a window's end.
-fn time_micros(column: &ArrayRef) -> Result<Int64Array> {
-    let column = match column.data_type() {
-        DataType::Struct(fields) => {
-            let s: &StructArray = column.as_struct();
-            let end = fields
-                .iter()
-                .position(|f| f.name() == "end")
-                .unwrap_or(1.min(fields.len().saturating_sub(1)));
-            s.column(end).clone()
-        }
-        _ => column.clone(),
-    };
-    let c = cast(&column, &DataType::Timestamp(TimeUnit::Microsecond, None))?;
-    let c = cast(&c, &DataType::Int64)?;
-    Ok(c.as_primitive::<Int64Type>().clone())
-}
-
 fn evaluate(expr: &Arc<dyn PhysicalExpr>, batch: &RecordBatch) -> Result<ArrayRef> {
     Ok(expr.evaluate(batch)?.into_array(batch.num_rows())?)
 }
@@ -785,7 +767,7 @@ impl JoinOperator {
             let b = match self.sides[this].time {
                 Some(t) if wm_late_us > 0 => {
                     let (kept, late) = drop_late(&b, t, wm_late_us)?;
-                    out.dropped_late += late;
+                    out.drop(late, t);
                     kept
                 }
                 _ => b,

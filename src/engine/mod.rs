@@ -11,6 +11,7 @@ pub mod operator;
 pub mod plan;
 pub mod progress;
 pub mod query;
+pub mod side_tables;
 pub mod tables;
 pub mod window;
 
@@ -497,6 +498,7 @@ impl Engine {
             partitions: state_partitions,
             dedup: DedupMode::of(&cs.options)?,
             per_batch: cs.merge.is_some(),
+            max_event_time_skew_us: side_tables::skew_of(&cs.options)?,
         };
         let shape = query::analyze_sink(
             &cs.query,
@@ -625,14 +627,30 @@ impl Engine {
         def.connector()?
             .prepare(&def.name, &def.path, &schema)
             .await?;
+        let late_table = if side_tables::wants_late_rows(&def.options) {
+            self.ensure_late_rows_table(&mut cat, &def.name).await?
+        } else {
+            false
+        };
+        let undo_late_table = |cat: &mut Catalog| {
+            if late_table {
+                let name = side_tables::late_rows_table(&def.name);
+                cat.tables.retain(|t| t.name != name);
+                let _ = self.ctx.deregister_table(TableReference::bare(name));
+            }
+        };
         cat.sinks.push(def.clone());
         if let Err(e) = self.register_sink(&def, &cat).await {
             cat.sinks.pop();
+            undo_late_table(&mut cat);
             return Err(e);
         }
         if let Err(e) = cat.save(&self.data_dir) {
             cat.sinks.pop();
-            let _ = self.ctx.deregister_table(TableReference::bare(def.name));
+            undo_late_table(&mut cat);
+            let _ = self
+                .ctx
+                .deregister_table(TableReference::bare(def.name.clone()));
             return Err(e);
         }
         self.registry
@@ -880,6 +898,9 @@ impl Engine {
             table_logs,
             clock: self.clock.clone(),
             tables: cat.tables_of(def)?,
+            late_rows: side_tables::wants_late_rows(&def.options)
+                .then(|| cat.table(&side_tables::late_rows_table(&def.name)).cloned())
+                .flatten(),
         };
         let engine = self.me.clone();
         let name = def.name.clone();
@@ -1530,5 +1551,6 @@ fn state_config(def: &SinkDef) -> StateConfig {
         // Checked when the sink was created.
         dedup: DedupMode::of(&def.options).unwrap_or_default(),
         per_batch: def.merge.is_some(),
+        max_event_time_skew_us: side_tables::skew_of(&def.options).unwrap_or_default(),
     }
 }

@@ -64,6 +64,7 @@ use super::aggregate::{
 use super::dedup::DedupInfo;
 use super::join::{JoinInfo, JoinKind};
 use super::operator::{OperatorBatch, StatefulOperator};
+use super::side_tables::DroppedRows;
 use crate::error::{Error, Result};
 use crate::sink::RowTime;
 use crate::sql::parser::WatermarkSpec;
@@ -239,6 +240,12 @@ pub struct BatchRuntime {
     /// Per stateful operator: the stream-stream joins below it, whose output watermark is
     /// its input watermark (spec §2.6).
     joins_below: RwLock<Vec<Vec<JoinInfo>>>,
+    /// `max_event_time_skew` (µs), and the batch's processing time (µs): rows further
+    /// ahead are set aside at the watermark nodes.
+    skew_us: Option<i64>,
+    batch_time_us: Mutex<i64>,
+    /// This batch's rows set aside for their skew, by watermark node.
+    skewed: Mutex<Vec<(usize, DroppedRows)>>,
 }
 
 impl fmt::Debug for BatchRuntime {
@@ -252,8 +259,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl BatchRuntime {
-    fn begin(&self, late_us: i64, evict_us: i64, watermarks: usize) {
+    fn begin(&self, late_us: i64, evict_us: i64, batch_time_us: i64, watermarks: usize) {
         *lock(&self.watermarks) = (late_us, evict_us);
+        *lock(&self.batch_time_us) = batch_time_us;
+        lock(&self.skewed).clear();
         *lock(&self.stats) = vec![EventTimeStats::default(); watermarks];
         let n = self
             .operators
@@ -261,6 +270,38 @@ impl BatchRuntime {
             .unwrap_or_else(|e| e.into_inner())
             .len();
         *lock(&self.results) = (0..n).map(|_| None).collect();
+    }
+
+    /// `rows` without those whose event time (column `index`) is further ahead of the
+    /// batch's processing time than `max_event_time_skew`; those are kept for the
+    /// late-rows table.
+    fn without_skewed(&self, id: usize, rows: RecordBatch, index: usize) -> Result<RecordBatch> {
+        let Some(skew) = self.skew_us else {
+            return Ok(rows);
+        };
+        let limit = lock(&self.batch_time_us).saturating_add(skew);
+        let times = super::aggregate::time_micros(rows.column(index))?;
+        let keep: datafusion::arrow::array::BooleanArray = times
+            .iter()
+            .map(|t| Some(t.is_none_or(|t| t <= limit)))
+            .collect();
+        if keep.true_count() == rows.num_rows() {
+            return Ok(rows);
+        }
+        let ahead = datafusion::arrow::compute::filter_record_batch(
+            &rows,
+            &datafusion::arrow::compute::not(&keep)?,
+        )?;
+        lock(&self.skewed).push((
+            id,
+            DroppedRows {
+                rows: ahead,
+                time: index,
+            },
+        ));
+        Ok(datafusion::arrow::compute::filter_record_batch(
+            &rows, &keep,
+        )?)
     }
 
     fn observe(&self, id: usize, column: &datafusion::arrow::array::ArrayRef) -> Result<()> {
@@ -651,7 +692,7 @@ impl ExecutionPlan for EventTimeWatermarkExec {
     ) -> DfResult<SendableRecordBatchStream> {
         let (id, index, runtime) = (self.id, self.index, self.runtime.clone());
         let rows = self.input.execute(partition, context)?.map(move |b| {
-            let b = b?;
+            let b = runtime.without_skewed(id, b?, index).map_err(external)?;
             runtime.observe(id, b.column(index)).map_err(external)?;
             Ok(b)
         });
@@ -943,6 +984,9 @@ pub struct StateConfig {
     /// query, Spark's foreachBatch): aggregations, DISTINCT, window functions and LIMIT
     /// apply to the batch alone, and no operator keeps state.
     pub per_batch: bool,
+    /// `max_event_time_skew` (µs): rows whose event time is further ahead of their batch's
+    /// processing time are set aside at the watermark nodes.
+    pub max_event_time_skew_us: Option<i64>,
 }
 
 /// A sink's query as a plan of sources, watermarks, stateful operators and the stateless
@@ -1984,7 +2028,10 @@ impl StreamingPlan {
         partitions: usize,
     ) -> Result<StreamingPlan> {
         let dedup = state.dedup;
-        let runtime = Arc::new(BatchRuntime::default());
+        let runtime = Arc::new(BatchRuntime {
+            skew_us: state.max_event_time_skew_us,
+            ..BatchRuntime::default()
+        });
         let ctx = streaming_context(runtime.clone(), partitions);
         let mut tables = Vec::with_capacity(sources.len());
         for s in &sources {
@@ -2155,8 +2202,14 @@ impl StreamingPlan {
 
     /// Plans (or reuses the plan of the previous batch) and runs one batch: `(WM_late,
     /// WM_evict)` in microseconds. Returns the rows, the planning time, each watermark node's statistics and each operator's counters.
-    pub async fn execute(&self, late_us: i64, evict_us: i64) -> Result<BatchOutput> {
-        self.runtime.begin(late_us, evict_us, self.watermarks.len());
+    pub async fn execute(
+        &self,
+        late_us: i64,
+        evict_us: i64,
+        batch_time_us: i64,
+    ) -> Result<BatchOutput> {
+        self.runtime
+            .begin(late_us, evict_us, batch_time_us, self.watermarks.len());
         let t = std::time::Instant::now();
         let cached = lock(&self.physical).clone();
         let physical = match cached {
@@ -2173,11 +2226,13 @@ impl StreamingPlan {
         let rows = datafusion::physical_plan::collect(physical, self.ctx.task_ctx()).await?;
         let stats = std::mem::take(&mut *lock(&self.runtime.stats));
         let operators = std::mem::take(&mut *lock(&self.runtime.results));
+        let skewed = std::mem::take(&mut *lock(&self.runtime.skewed));
         Ok(BatchOutput {
             rows,
             planning,
             stats,
             operators,
+            skewed,
         })
     }
 }
@@ -2224,6 +2279,8 @@ pub struct BatchOutput {
     pub stats: Vec<EventTimeStats>,
     /// By operator id; `None` if the operator did not run.
     pub operators: Vec<Option<OperatorBatch>>,
+    /// Rows set aside for their skew, with their watermark node's id.
+    pub skewed: Vec<(usize, DroppedRows)>,
 }
 
 /// The output schema of the top `StatefulAggregate`.

@@ -78,6 +78,8 @@ pub struct QueryTask {
     pub clock: Arc<dyn crate::clock::Clock>,
     /// The static tables the query joins with.
     pub tables: Vec<TableDef>,
+    /// The table dropped rows go to (`late_rows = 'table'`).
+    pub late_rows: Option<TableDef>,
 }
 
 /// What a sink's query is, as the engine runs it.
@@ -469,6 +471,8 @@ struct PlannedBatch {
     watermark_ms: i64,
     /// `WM(N-1)`: judges late rows.
     late_watermark_ms: i64,
+    /// The batch's processing time (`batchTimestampMs`).
+    timestamp_ms: i64,
 }
 
 /// The sources' offsets in an `offsets/N` entry, one per source.
@@ -563,6 +567,7 @@ fn resume(ckpt: &Checkpoint, sources: usize) -> Result<Resume> {
             end,
             watermark_ms: wm,
             late_watermark_ms: prev_wm,
+            timestamp_ms: seq.metadata.batch_timestamp_ms,
         }),
         watermark_ms: wm,
         last_batch_watermark_ms: prev_wm,
@@ -603,6 +608,8 @@ struct Runner {
     watermark_policy: WatermarkPolicy,
     registry: Arc<Registry>,
     run_id: Uuid,
+    /// The late-rows table's writer (`late_rows = 'table'`).
+    late_rows: Option<crate::sink::delta::DeltaSink>,
 }
 
 /// What a batch did, for the progress report.
@@ -615,6 +622,8 @@ struct BatchStats {
     event_time: Vec<EventTimeStats>,
     /// By stateful operator.
     state: Vec<(StateMetrics, AggregateBatch)>,
+    /// By source index: rows set aside for their event-time skew.
+    skewed: Vec<u64>,
 }
 
 /// Opens source `i` of a query: its stream's connector, with the sink's rate limits.
@@ -677,6 +686,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         partitions: def.state_partitions,
         dedup: DedupMode::of(&def.options)?,
         per_batch: def.merge.is_some(),
+        max_event_time_skew_us: super::side_tables::skew_of(&def.options)?,
     };
     let plan = build_plan(
         &def.query,
@@ -778,6 +788,14 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         watermark_policy: WatermarkPolicy::of(&def.options)?,
         registry: task.registry.clone(),
         run_id,
+        late_rows: match &task.late_rows {
+            Some(t) => Some(crate::sink::delta::DeltaSink::new(
+                &t.path,
+                super::side_tables::late_rows_schema(),
+                0,
+            )?),
+            None => None,
+        },
         def,
     };
     // A no-data batch is due when the watermark moved past the last batch's (spec §1.3).
@@ -833,10 +851,11 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                 phases.mark("latestOffset");
                 let has_data = latest.iter().any(Option::is_some) && latest != committed_end;
                 if (has_data || no_data_due) && latest.iter().any(Option::is_some) {
+                    let timestamp_ms = Utc::now().timestamp_millis();
                     let seq = OffsetSeq {
                         metadata: OffsetMetadata {
                             batch_watermark_ms: global_wm,
-                            batch_timestamp_ms: Utc::now().timestamp_millis(),
+                            batch_timestamp_ms: timestamp_ms,
                             conf: BTreeMap::from([
                                 (
                                     "spark.sql.streaming.multipleWatermarkPolicy".to_string(),
@@ -866,6 +885,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                         end: latest,
                         watermark_ms: global_wm,
                         late_watermark_ms: last_batch_wm,
+                        timestamp_ms,
                     })
                 } else {
                     None
@@ -1066,7 +1086,11 @@ impl Runner {
                 phases.mark("getBatch");
                 t = Instant::now();
                 self.plan
-                    .execute(b.late_watermark_ms * 1000, b.watermark_ms * 1000)
+                    .execute(
+                        b.late_watermark_ms * 1000,
+                        b.watermark_ms * 1000,
+                        b.timestamp_ms * 1000,
+                    )
                     .await
             }
             Err(e) => Err(e),
@@ -1089,6 +1113,7 @@ impl Runner {
         durations.insert("queryPlanning".into(), output.planning.as_millis() as u64);
         phases.mark("planAndExecute");
         phases.note("ofWhichPlanning", output.planning);
+        let side = self.side_rows(b, &output, &mut stats)?;
         stats.event_time = output.stats;
         // Batch N commits state version N + 1, while the sink writes.
         let state_commit = self.plan.commit_operators(b.id.committed_state_version());
@@ -1106,6 +1131,19 @@ impl Runner {
             // lose nothing either way.
             crate::testing::crash_point("before_sink_commit");
             crate::testing::fail_point(&format!("sink_write:{}", self.def.name))?;
+            // Dropped rows first, under their own app id: a replay writes them once.
+            if let Some(table) = &self.late_rows
+                && !side.is_empty()
+            {
+                let app = super::side_tables::late_rows_app_id(&query_id);
+                let batch = BatchInfo {
+                    query_id: &app,
+                    id: b.id,
+                    watermark_ms: b.watermark_ms,
+                    mode: &WriteMode::Append,
+                };
+                table.add_batch(&batch, side).await?;
+            }
             let batch = BatchInfo {
                 query_id: &query_id,
                 id: b.id,
@@ -1141,6 +1179,64 @@ impl Runner {
         phases.mark("stateAndSinkCommit");
         durations.insert("addBatch".into(), t.elapsed().as_millis() as u64);
         Ok(stats)
+    }
+
+    /// The batch's dropped rows as late-rows table rows (none unless `late_rows =
+    /// 'table'`), and the rows set aside for their skew counted per source.
+    fn side_rows(
+        &self,
+        b: &PlannedBatch,
+        output: &super::plan::BatchOutput,
+        stats: &mut BatchStats,
+    ) -> Result<Vec<RecordBatch>> {
+        use super::side_tables::{Reason, side_rows};
+        stats.skewed = vec![0; self.sources.len()];
+        for (node, d) in &output.skewed {
+            let stream = self.plan.watermarks.get(*node).map(|w| w.stream.as_str());
+            if let Some(i) = self
+                .plan
+                .sources
+                .iter()
+                .position(|s| Some(s.name.as_str()) == stream)
+            {
+                stats.skewed[i] += d.rows.num_rows() as u64;
+            }
+        }
+        if stats.skewed.iter().any(|&n| n > 0) {
+            tracing::warn!(sink = %self.def.name, batch = b.id.get(),
+                rows = stats.skewed.iter().sum::<u64>(),
+                "rows further ahead of the batch's time than max_event_time_skew set aside");
+        }
+        if self.late_rows.is_none() {
+            return Ok(vec![]);
+        }
+        let id = b.id.get() as i64;
+        let mut out = Vec::new();
+        for (i, o) in output.operators.iter().enumerate() {
+            let name = format!(
+                "{} {i}",
+                self.operator_names.get(i).copied().unwrap_or("operator")
+            );
+            for d in o.iter().flat_map(|o| &o.late) {
+                out.push(side_rows(
+                    id,
+                    &name,
+                    Reason::Late,
+                    b.late_watermark_ms * 1000,
+                    d,
+                )?);
+            }
+        }
+        for (node, d) in &output.skewed {
+            out.push(side_rows(
+                id,
+                &format!("watermark {node}"),
+                Reason::Skew,
+                b.late_watermark_ms * 1000,
+                d,
+            )?);
+        }
+        Ok(out)
     }
 
     fn report(
@@ -1215,6 +1311,10 @@ impl Runner {
             .map(|(i, source)| {
                 let rows = stats.rows_in.get(i).copied().unwrap_or(0);
                 let (input_rate, processed) = rates(rows);
+                let mut metrics = source.metrics();
+                if let Some(&n) = stats.skewed.get(i).filter(|&&n| n > 0) {
+                    metrics.insert("numSkewedRows".to_string(), n.to_string());
+                }
                 SourceProgress {
                     description: source.describe(),
                     start_offset: b.start[i].clone(),
@@ -1223,7 +1323,7 @@ impl Runner {
                     num_input_rows: rows,
                     input_rows_per_second: input_rate,
                     processed_rows_per_second: processed,
-                    metrics: source.metrics(),
+                    metrics,
                 }
             })
             .collect();

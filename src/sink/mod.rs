@@ -86,6 +86,23 @@ const MAX_ROWS_PER_TRIGGER: OptionSpec = OptionSpec::new(
 )
 .alterable();
 
+const LATE_ROWS: OptionSpec = OptionSpec::new(
+    "late_rows",
+    OptionType::OneOf(&["drop", "table"]),
+    Some("drop"),
+    "Rows dropped by the watermark (and rows set aside by max_event_time_skew): drop, \
+     counted only; table, also written to the table <name>_late_rows with the batch id, \
+     the operator, the reason, the watermark, the event time and the row as JSON",
+);
+const MAX_EVENT_TIME_SKEW: OptionSpec = OptionSpec::new(
+    "max_event_time_skew",
+    OptionType::Duration,
+    None,
+    "Rows whose event time is further ahead of their batch's processing time than this are \
+     set aside: they do not move the watermark nor reach the query (counted as \
+     numSkewedRows, written to the late-rows table with late_rows = 'table')",
+);
+
 /// The options of a sink, whatever its connector.
 pub const SINK_OPTIONS: OptionTable = OptionTable {
     object: "sink",
@@ -116,6 +133,8 @@ pub const SINK_OPTIONS: OptionTable = OptionTable {
         STATE_PARTITIONS,
         STATE_STORE,
         DEDUPLICATE,
+        LATE_ROWS,
+        MAX_EVENT_TIME_SKEW,
         MAX_FILES_PER_TRIGGER,
         MAX_ROWS_PER_TRIGGER,
         OptionSpec::new(
@@ -148,6 +167,8 @@ pub const VIEW_OPTIONS: OptionTable = OptionTable {
         STATE_PARTITIONS,
         STATE_STORE,
         DEDUPLICATE,
+        LATE_ROWS,
+        MAX_EVENT_TIME_SKEW,
         MAX_FILES_PER_TRIGGER,
         MAX_ROWS_PER_TRIGGER,
         OptionSpec::new(
