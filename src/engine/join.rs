@@ -331,8 +331,8 @@ pub fn conjuncts(expr: &Expr) -> Vec<Expr> {
         .collect()
 }
 
-/// Whether every column `e` reads belongs to `schema` (and it reads at least one, when
-/// `nonempty`).
+/// Whether every column `e` reads belongs to `schema` (true for an expression that reads
+/// none, as Spark counts it on the left).
 pub fn reads_only(e: &Expr, schema: &DFSchema) -> bool {
     e.column_refs().iter().all(|c| schema.has_column(c))
 }
