@@ -1256,10 +1256,15 @@ impl Builder<'_> {
             LogicalPlan::Join(join) if self.joins_two_streams(&join) => {
                 self.stream_join(join).map(Transformed::yes)
             }
-            LogicalPlan::Filter(filter) => match self.first_row_per_key(&filter)? {
-                Some(plan) => Ok(Transformed::yes(plan)),
-                None => Ok(Transformed::no(LogicalPlan::Filter(filter))),
-            },
+            LogicalPlan::Filter(filter) => {
+                if let Some(plan) = push_into_join(&filter)? {
+                    return Ok(Transformed::yes(plan));
+                }
+                match self.first_row_per_key(&filter)? {
+                    Some(plan) => Ok(Transformed::yes(plan)),
+                    None => Ok(Transformed::no(LogicalPlan::Filter(filter))),
+                }
+            }
             other => Ok(Transformed::no(other)),
         }
     }
@@ -1709,6 +1714,62 @@ impl Builder<'_> {
             }),
         }))
     }
+}
+
+/// A `WHERE` over a join of two streams, with its conjuncts over one side moved into that
+/// side's input where Spark's `PushPredicateThroughJoin` moves them (both sides of an inner
+/// join; the preserved side of an outer join; the left of a semi join): there they apply
+/// before the join stores rows and, unless they read the event time, before the watermark
+/// counts them. `None` when `filter` is not over such a join or nothing moves.
+fn push_into_join(filter: &Filter) -> Result<Option<LogicalPlan>> {
+    use super::join::{conjuncts, reads_only};
+    use datafusion::logical_expr::utils::conjunction;
+    let LogicalPlan::Extension(e) = filter.input.as_ref() else {
+        return Ok(None);
+    };
+    let Some(join) = e.node.as_any().downcast_ref::<StatefulJoin>() else {
+        return Ok(None);
+    };
+    let (to_left, to_right) = match join.info.kind {
+        JoinKind::Inner => (true, true),
+        JoinKind::LeftOuter | JoinKind::LeftSemi => (true, false),
+        JoinKind::RightOuter => (false, true),
+        JoinKind::FullOuter => (false, false),
+    };
+    let (ls, rs) = (join.left.schema(), join.right.schema());
+    let (mut left, mut right, mut kept) = (Vec::new(), Vec::new(), Vec::new());
+    for c in conjuncts(&filter.predicate) {
+        if c.is_volatile() || c.column_refs().is_empty() {
+            kept.push(c);
+        } else if to_left && reads_only(&c, ls) {
+            left.push(c);
+        } else if to_right && reads_only(&c, rs) {
+            right.push(c);
+        } else {
+            kept.push(c);
+        }
+    }
+    if left.is_empty() && right.is_empty() {
+        return Ok(None);
+    }
+    let below = |input: &LogicalPlan, exprs: Vec<Expr>| -> Result<LogicalPlan> {
+        Ok(match conjunction(exprs) {
+            Some(p) => LogicalPlanBuilder::from(input.clone()).filter(p)?.build()?,
+            None => input.clone(),
+        })
+    };
+    let node = StatefulJoin {
+        left: below(&join.left, left)?,
+        right: below(&join.right, right)?,
+        ..join.clone()
+    };
+    let plan = LogicalPlan::Extension(Extension {
+        node: Arc::new(node),
+    });
+    Ok(Some(match conjunction(kept) {
+        Some(p) => LogicalPlanBuilder::from(plan).filter(p)?.build()?,
+        None => plan,
+    }))
 }
 
 /// `input` with the key expressions that are not plain columns computed as hidden columns
