@@ -823,6 +823,11 @@ impl TableProvider for DeltaReadTable {
             }
         }
         partitions.retain(|p| !p.is_empty());
+        // An empty table is one empty partition: a plan over none fails DataFusion's
+        // distribution checks (`ORDER BY` needs a single partition).
+        if partitions.is_empty() {
+            partitions.push(Vec::new());
+        }
         let source =
             MemorySourceConfig::try_new(&partitions, self.schema.clone(), projection.cloned())?
                 .with_limit(limit);
