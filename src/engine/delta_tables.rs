@@ -150,16 +150,17 @@ impl Engine {
         }
     }
 
-    /// The late-rows table of sink or view `sink` (`late_rows = 'table'`), made in the data
-    /// directory unless a table of that name with its columns exists (a sink made again
-    /// keeps writing to it). Returns whether it was made now.
-    pub(super) async fn ensure_late_rows_table(
+    /// Side table `kind` of sink or view `sink` (`late_rows = 'table'`, ...), made in the
+    /// data directory unless a table of that name with its columns exists (a sink made
+    /// again keeps writing to it). Returns whether it was made now.
+    pub(super) async fn ensure_side_table(
         &self,
         cat: &mut Catalog,
         sink: &str,
+        kind: super::side_tables::SideTable,
     ) -> Result<bool> {
-        let name = super::side_tables::late_rows_table(sink);
-        let schema = super::side_tables::late_rows_schema();
+        let name = kind.table(sink);
+        let schema = kind.schema();
         if let Some(t) = cat.table(&name) {
             let existing = delta::merge::existing_schema(&t.path).await?;
             let same = existing.is_some_and(|e| {
@@ -254,8 +255,9 @@ impl Engine {
             .filter(|s| {
                 (s.merge.is_some() && s.path == def.path)
                     || s.tables.contains(&def.name)
-                    || (super::side_tables::wants_late_rows(&s.options)
-                        && super::side_tables::late_rows_table(&s.name) == def.name)
+                    || super::side_tables::SideTable::wanted_by(&s.options)
+                        .into_iter()
+                        .any(|k| k.table(&s.name) == def.name)
             })
             .map(|s| format!("{} \"{}\"", s.kind.noun(), s.name))
             .collect();

@@ -627,27 +627,35 @@ impl Engine {
         def.connector()?
             .prepare(&def.name, &def.path, &schema)
             .await?;
-        let late_table = if side_tables::wants_late_rows(&def.options) {
-            self.ensure_late_rows_table(&mut cat, &def.name).await?
-        } else {
-            false
-        };
-        let undo_late_table = |cat: &mut Catalog| {
-            if late_table {
-                let name = side_tables::late_rows_table(&def.name);
-                cat.tables.retain(|t| t.name != name);
-                let _ = self.ctx.deregister_table(TableReference::bare(name));
+        // Side tables made now are unregistered again if the sink is not made.
+        let mut made = Vec::new();
+        let undo_side_tables = |cat: &mut Catalog, made: &[String]| {
+            for name in made {
+                cat.tables.retain(|t| &t.name != name);
+                let _ = self
+                    .ctx
+                    .deregister_table(TableReference::bare(name.clone()));
             }
         };
+        for kind in side_tables::SideTable::wanted_by(&def.options) {
+            match self.ensure_side_table(&mut cat, &def.name, kind).await {
+                Ok(true) => made.push(kind.table(&def.name)),
+                Ok(false) => {}
+                Err(e) => {
+                    undo_side_tables(&mut cat, &made);
+                    return Err(e);
+                }
+            }
+        }
         cat.sinks.push(def.clone());
         if let Err(e) = self.register_sink(&def, &cat).await {
             cat.sinks.pop();
-            undo_late_table(&mut cat);
+            undo_side_tables(&mut cat, &made);
             return Err(e);
         }
         if let Err(e) = cat.save(&self.data_dir) {
             cat.sinks.pop();
-            undo_late_table(&mut cat);
+            undo_side_tables(&mut cat, &made);
             let _ = self
                 .ctx
                 .deregister_table(TableReference::bare(def.name.clone()));
@@ -898,9 +906,10 @@ impl Engine {
             table_logs,
             clock: self.clock.clone(),
             tables: cat.tables_of(def)?,
-            late_rows: side_tables::wants_late_rows(&def.options)
-                .then(|| cat.table(&side_tables::late_rows_table(&def.name)).cloned())
-                .flatten(),
+            side_tables: side_tables::SideTable::wanted_by(&def.options)
+                .into_iter()
+                .filter_map(|k| cat.table(&k.table(&def.name)).map(|t| (k, t.clone())))
+                .collect(),
         };
         let engine = self.me.clone();
         let name = def.name.clone();

@@ -78,8 +78,8 @@ pub struct QueryTask {
     pub clock: Arc<dyn crate::clock::Clock>,
     /// The static tables the query joins with.
     pub tables: Vec<TableDef>,
-    /// The table dropped rows go to (`late_rows = 'table'`).
-    pub late_rows: Option<TableDef>,
+    /// The side tables its options ask for (`late_rows = 'table'`, ...).
+    pub side_tables: Vec<(super::side_tables::SideTable, TableDef)>,
 }
 
 /// What a sink's query is, as the engine runs it.
@@ -608,8 +608,8 @@ struct Runner {
     watermark_policy: WatermarkPolicy,
     registry: Arc<Registry>,
     run_id: Uuid,
-    /// The late-rows table's writer (`late_rows = 'table'`).
-    late_rows: Option<crate::sink::delta::DeltaSink>,
+    /// The side tables' writers (`late_rows = 'table'`, ...).
+    side_tables: Vec<(super::side_tables::SideTable, crate::sink::delta::DeltaSink)>,
 }
 
 /// What a batch did, for the progress report.
@@ -624,6 +624,8 @@ struct BatchStats {
     state: Vec<(StateMetrics, AggregateBatch)>,
     /// By source index: rows set aside for their event-time skew.
     skewed: Vec<u64>,
+    /// By source index: the records that did not parse.
+    malformed: Vec<Vec<crate::source::MalformedRecord>>,
 }
 
 /// Opens source `i` of a query: its stream's connector, with the sink's rate limits.
@@ -788,14 +790,16 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         watermark_policy: WatermarkPolicy::of(&def.options)?,
         registry: task.registry.clone(),
         run_id,
-        late_rows: match &task.late_rows {
-            Some(t) => Some(crate::sink::delta::DeltaSink::new(
-                &t.path,
-                super::side_tables::late_rows_schema(),
-                0,
-            )?),
-            None => None,
-        },
+        side_tables: task
+            .side_tables
+            .iter()
+            .map(|(k, t)| {
+                Ok((
+                    *k,
+                    crate::sink::delta::DeltaSink::new(&t.path, k.schema(), 0)?,
+                ))
+            })
+            .collect::<Result<_>>()?,
         def,
     };
     // A no-data batch is due when the watermark moved past the last batch's (spec §1.3).
@@ -1063,6 +1067,7 @@ impl Runner {
             stats
                 .rows_in
                 .push(input.iter().map(|b| b.num_rows() as u64).sum());
+            stats.malformed.push(source.take_malformed());
             self.plan.set_rows(i, partition(input, parallelism()));
         }
         Ok(())
@@ -1114,6 +1119,7 @@ impl Runner {
         phases.mark("planAndExecute");
         phases.note("ofWhichPlanning", output.planning);
         let side = self.side_rows(b, &output, &mut stats)?;
+        stats.malformed.clear();
         stats.event_time = output.stats;
         // Batch N commits state version N + 1, while the sink writes.
         let state_commit = self.plan.commit_operators(b.id.committed_state_version());
@@ -1132,17 +1138,18 @@ impl Runner {
             crate::testing::crash_point("before_sink_commit");
             crate::testing::fail_point(&format!("sink_write:{}", self.def.name))?;
             // Dropped rows first, under their own app id: a replay writes them once.
-            if let Some(table) = &self.late_rows
-                && !side.is_empty()
-            {
-                let app = super::side_tables::late_rows_app_id(&query_id);
+            for ((kind, table), rows) in self.side_tables.iter().zip(side) {
+                if rows.is_empty() {
+                    continue;
+                }
+                let app = kind.app_id(&query_id);
                 let batch = BatchInfo {
                     query_id: &app,
                     id: b.id,
                     watermark_ms: b.watermark_ms,
                     mode: &WriteMode::Append,
                 };
-                table.add_batch(&batch, side).await?;
+                table.add_batch(&batch, rows).await?;
             }
             let batch = BatchInfo {
                 query_id: &query_id,
@@ -1181,15 +1188,15 @@ impl Runner {
         Ok(stats)
     }
 
-    /// The batch's dropped rows as late-rows table rows (none unless `late_rows =
-    /// 'table'`), and the rows set aside for their skew counted per source.
+    /// The batch's rows for each of [`Runner::side_tables`], in their order; and the rows
+    /// set aside for their skew counted per source.
     fn side_rows(
         &self,
         b: &PlannedBatch,
         output: &super::plan::BatchOutput,
         stats: &mut BatchStats,
-    ) -> Result<Vec<RecordBatch>> {
-        use super::side_tables::{Reason, side_rows};
+    ) -> Result<Vec<Vec<RecordBatch>>> {
+        use super::side_tables::SideTable;
         stats.skewed = vec![0; self.sources.len()];
         for (node, d) in &output.skewed {
             let stream = self.plan.watermarks.get(*node).map(|w| w.stream.as_str());
@@ -1207,9 +1214,31 @@ impl Runner {
                 rows = stats.skewed.iter().sum::<u64>(),
                 "rows further ahead of the batch's time than max_event_time_skew set aside");
         }
-        if self.late_rows.is_none() {
-            return Ok(vec![]);
-        }
+        self.side_tables
+            .iter()
+            .map(|(kind, _)| match kind {
+                SideTable::LateRows => self.late_rows(b, output),
+                SideTable::MalformedRows => stats
+                    .malformed
+                    .iter()
+                    .zip(&self.plan.sources)
+                    .filter(|(records, _)| !records.is_empty())
+                    .map(|(records, s)| {
+                        super::side_tables::malformed_rows(b.id.get() as i64, &s.name, records)
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// The batch's rows dropped as late or set aside for their skew, as late-rows table
+    /// rows.
+    fn late_rows(
+        &self,
+        b: &PlannedBatch,
+        output: &super::plan::BatchOutput,
+    ) -> Result<Vec<RecordBatch>> {
+        use super::side_tables::{Reason, late_rows};
         let id = b.id.get() as i64;
         let mut out = Vec::new();
         for (i, o) in output.operators.iter().enumerate() {
@@ -1218,7 +1247,7 @@ impl Runner {
                 self.operator_names.get(i).copied().unwrap_or("operator")
             );
             for d in o.iter().flat_map(|o| &o.late) {
-                out.push(side_rows(
+                out.push(late_rows(
                     id,
                     &name,
                     Reason::Late,
@@ -1228,7 +1257,7 @@ impl Runner {
             }
         }
         for (node, d) in &output.skewed {
-            out.push(side_rows(
+            out.push(late_rows(
                 id,
                 &format!("watermark {node}"),
                 Reason::Skew,

@@ -12,8 +12,14 @@
 //!   late); `operator` is the watermark node, the row is the stream's row.
 //!
 //! Each row carries the batch id, the watermark that judged it, its event time and the
-//! whole row as JSON. A batch's rows are appended with Delta's `txn(query id + "/late_rows",
-//! batch id)` before the batch's commit-log entry, so a replayed batch writes them once.
+//! whole row as JSON.
+//!
+//! With `malformed_rows = 'table'`, it writes to `name_malformed_rows` one row per input
+//! record that did not parse (JSON or CSV files, whatever the stream's `mode`): the batch
+//! id, the stream, the file, the line number, the raw line and the decoder's reason.
+//!
+//! A batch's rows are appended with Delta's `txn(query id + "/<option>", batch id)` before
+//! the batch's commit-log entry, so a replayed batch writes them once.
 
 use std::sync::Arc;
 
@@ -25,18 +31,63 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit}
 use super::aggregate::time_micros;
 use crate::error::{Error, Result};
 
-/// The late-rows table of sink or view `name`.
-pub fn late_rows_table(name: &str) -> String {
-    format!("{name}_late_rows")
+/// A kind of side table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SideTable {
+    /// `late_rows = 'table'`: rows the watermark dropped or the skew guard set aside.
+    LateRows,
+    /// `malformed_rows = 'table'`: input records that did not parse.
+    MalformedRows,
 }
 
-/// The app id of a query's late-rows commits.
-pub fn late_rows_app_id(query_id: &str) -> String {
-    format!("{query_id}/late_rows")
+impl SideTable {
+    pub const ALL: [SideTable; 2] = [SideTable::LateRows, SideTable::MalformedRows];
+
+    /// The option that asks for it, and the suffix of its table's name.
+    fn option(self) -> &'static str {
+        match self {
+            SideTable::LateRows => "late_rows",
+            SideTable::MalformedRows => "malformed_rows",
+        }
+    }
+
+    /// The side table of sink or view `name`: `name_late_rows`, `name_malformed_rows`.
+    pub fn table(self, name: &str) -> String {
+        format!("{name}_{}", self.option())
+    }
+
+    /// The app id of a query's commits to it: a batch's rows are appended with
+    /// `txn(app id, batch id)`, so a replay writes them once.
+    pub fn app_id(self, query_id: &str) -> String {
+        format!("{query_id}/{}", self.option())
+    }
+
+    /// Its columns.
+    pub fn schema(self) -> SchemaRef {
+        match self {
+            SideTable::LateRows => late_rows_schema(),
+            SideTable::MalformedRows => malformed_rows_schema(),
+        }
+    }
+
+    /// Whether a sink's or view's options ask for it (`<option> = 'table'`).
+    pub fn wanted(self, options: &crate::sql::options::Options) -> bool {
+        options
+            .get(self.option())
+            .is_some_and(|v| v.eq_ignore_ascii_case("table"))
+    }
+
+    /// The side tables a sink's or view's options ask for.
+    pub fn wanted_by(options: &crate::sql::options::Options) -> Vec<SideTable> {
+        Self::ALL
+            .into_iter()
+            .filter(|k| k.wanted(options))
+            .collect()
+    }
 }
 
 /// The columns of a late-rows table.
-pub fn late_rows_schema() -> SchemaRef {
+fn late_rows_schema() -> SchemaRef {
     let ts = DataType::Timestamp(TimeUnit::Microsecond, None);
     Arc::new(Schema::new(vec![
         Field::new("batch_id", DataType::Int64, false),
@@ -48,11 +99,46 @@ pub fn late_rows_schema() -> SchemaRef {
     ]))
 }
 
-/// Whether a sink's or view's options ask for a late-rows table (`late_rows = 'table'`).
-pub fn wants_late_rows(options: &crate::sql::options::Options) -> bool {
-    options
-        .get("late_rows")
-        .is_some_and(|v| v.eq_ignore_ascii_case("table"))
+/// The columns of a malformed-rows table (`path`, `record` and `reason` as in Databricks'
+/// `badRecordsPath` files).
+fn malformed_rows_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("batch_id", DataType::Int64, false),
+        Field::new("stream", DataType::Utf8, false),
+        Field::new("path", DataType::Utf8, false),
+        Field::new("line_number", DataType::Int64, false),
+        Field::new("record", DataType::Utf8, false),
+        Field::new("reason", DataType::Utf8, false),
+    ]))
+}
+
+/// `records`, read by stream `stream` in batch `batch_id`, as rows of the malformed-rows
+/// table.
+pub fn malformed_rows(
+    batch_id: i64,
+    stream: &str,
+    records: &[crate::source::MalformedRecord],
+) -> Result<RecordBatch> {
+    let n = records.len();
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(Int64Array::from(vec![batch_id; n])),
+        Arc::new(StringArray::from(vec![stream; n])),
+        Arc::new(StringArray::from_iter_values(
+            records.iter().map(|r| r.path.as_str()),
+        )),
+        Arc::new(Int64Array::from_iter_values(
+            records
+                .iter()
+                .map(|r| i64::try_from(r.record.line).unwrap_or(i64::MAX)),
+        )),
+        Arc::new(StringArray::from_iter_values(
+            records.iter().map(|r| r.record.text.as_str()),
+        )),
+        Arc::new(StringArray::from_iter_values(
+            records.iter().map(|r| r.record.error.as_str()),
+        )),
+    ];
+    Ok(RecordBatch::try_new(malformed_rows_schema(), columns)?)
 }
 
 /// The `max_event_time_skew` option in microseconds, if set.
@@ -91,7 +177,7 @@ impl Reason {
 }
 
 /// `dropped` as rows of the late-rows table.
-pub fn side_rows(
+pub fn late_rows(
     batch_id: i64,
     operator: &str,
     reason: Reason,
@@ -163,7 +249,7 @@ mod tests {
             ],
         )
         .unwrap();
-        let out = side_rows(
+        let out = late_rows(
             3,
             "stateStoreSave 0",
             Reason::Late,

@@ -122,8 +122,22 @@ pub struct FileRead {
     /// Records that did not parse (kept as NULL rows in PERMISSIVE mode, dropped in
     /// DROPMALFORMED).
     pub malformed: u64,
+    /// The records that did not parse, in file order (kept whatever the mode, for
+    /// `malformed_rows = 'table'`).
+    pub rejected: Vec<Rejected>,
     /// The file was gone when the batch read it.
     pub missing: bool,
+}
+
+/// A record that did not parse: where it was, its text and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejected {
+    /// 1-based, counting every line of the file (a CSV header and blank lines too).
+    pub line: u64,
+    /// The line without its line end; bytes that are not UTF-8 replaced by U+FFFD.
+    pub text: String,
+    /// The decoder's reason.
+    pub error: String,
 }
 
 /// How to decode a file: its format, the schema it is read into, what to do with
@@ -478,10 +492,13 @@ impl FileDecoder {
                                 Ok(Some(b)) if b.num_rows() == 1 => parts.push(Part::Rows(b)),
                                 result => {
                                     let reason = match result {
-                                        Err(e) => e.to_string(),
+                                        Err(e) => without_chunk_line(&e.to_string()),
                                         Ok(_) => "not one record".to_string(),
                                     };
                                     out.malformed += 1;
+                                    let raw = String::from_utf8_lossy(text)
+                                        .trim_end_matches(['\n', '\r'])
+                                        .to_string();
                                     match self.mode {
                                         ParseMode::FailFast => {
                                             return Err(Error::BadInput(format!(
@@ -492,12 +509,15 @@ impl FileDecoder {
                                         }
                                         ParseMode::DropMalformed => {}
                                         ParseMode::Permissive => parts.push(Part::Corrupt(
-                                            String::from_utf8_lossy(text)
-                                                .trim_end_matches(['\n', '\r'])
-                                                .to_string(),
+                                            raw.clone(),
                                             self.partial(&data_schema, text),
                                         )),
                                     }
+                                    out.rejected.push(Rejected {
+                                        line: *n as u64,
+                                        text: raw,
+                                        error: reason,
+                                    });
                                 }
                             }
                         }
@@ -521,6 +541,19 @@ impl FileDecoder {
         out.batches = assemble(&self.schema, &data_schema, corrupt_idx, parts)?;
         Ok(out)
     }
+}
+
+/// A decoder's error without the line number it gives (` at line 0`), which counts lines
+/// of the text it was given, not of the file.
+fn without_chunk_line(error: &str) -> String {
+    if let Some(at) = error.find(" at line ") {
+        let rest = &error[at + " at line ".len()..];
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits > 0 {
+            return format!("{}{}", &error[..at], &rest[digits..]);
+        }
+    }
+    error.to_string()
 }
 
 /// Where text is cut into `pieces` parts of about equal size: `0`, then after the first
@@ -758,6 +791,17 @@ mod tests {
     const BAD_JSON: &[u8] = b"{\"page\":\"/a\",\"n\":1}\n{\"page\":\"/b\",\"n\":\"many\"}\n{\"page\":\n{\"page\":\"\xff\xfe\",\"n\":3}\n\n{\"page\":\"/c\",\"n\":4}\n";
 
     #[test]
+    fn decoder_errors_lose_their_chunk_line() {
+        assert_eq!(
+            without_chunk_line(
+                "Parser error: Error while parsing value 'x' as type 'Int64' for column 1 at line 0. Row data: '[/b,x]'"
+            ),
+            "Parser error: Error while parsing value 'x' as type 'Int64' for column 1. Row data: '[/b,x]'"
+        );
+        assert_eq!(without_chunk_line("at line end"), "at line end");
+    }
+
+    #[test]
     fn malformed_json_per_mode() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("bad.json");
@@ -790,6 +834,25 @@ mod tests {
         assert_eq!(
             rows(&read),
             vec![(s("/a"), Some(1), None), (s("/c"), Some(4), None)]
+        );
+        // Whatever the mode, each one with its line in the file, its text and the reason.
+        let lines: Vec<(u64, &str)> = read
+            .rejected
+            .iter()
+            .map(|r| (r.line, r.text.as_str()))
+            .collect();
+        assert_eq!(
+            lines,
+            vec![
+                (2, r#"{"page":"/b","n":"many"}"#),
+                (3, r#"{"page":"#),
+                (4, "{\"page\":\"\u{fffd}\u{fffd}\",\"n\":3}")
+            ]
+        );
+        assert!(
+            read.rejected[0].error.contains("many"),
+            "{:?}",
+            read.rejected
         );
 
         let e = config(FileFormat::Json, ParseMode::FailFast, false)

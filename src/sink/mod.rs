@@ -94,6 +94,15 @@ const LATE_ROWS: OptionSpec = OptionSpec::new(
      counted only; table, also written to the table <name>_late_rows with the batch id, \
      the operator, the reason, the watermark, the event time and the row as JSON",
 );
+const MALFORMED_ROWS: OptionSpec = OptionSpec::new(
+    "malformed_rows",
+    OptionType::OneOf(&["drop", "table"]),
+    Some("drop"),
+    "Input records that did not parse (JSON or CSV file streams; kept as NULL rows or \
+     dropped as the stream's mode says): drop, counted only; table, also written to the \
+     table <name>_malformed_rows with the batch id, the stream, the file, the line number, \
+     the raw line and the reason",
+);
 const MAX_EVENT_TIME_SKEW: OptionSpec = OptionSpec::new(
     "max_event_time_skew",
     OptionType::Duration,
@@ -134,6 +143,7 @@ pub const SINK_OPTIONS: OptionTable = OptionTable {
         STATE_STORE,
         DEDUPLICATE,
         LATE_ROWS,
+        MALFORMED_ROWS,
         MAX_EVENT_TIME_SKEW,
         MAX_FILES_PER_TRIGGER,
         MAX_ROWS_PER_TRIGGER,
@@ -168,6 +178,7 @@ pub const VIEW_OPTIONS: OptionTable = OptionTable {
         STATE_STORE,
         DEDUPLICATE,
         LATE_ROWS,
+        MALFORMED_ROWS,
         MAX_EVENT_TIME_SKEW,
         MAX_FILES_PER_TRIGGER,
         MAX_ROWS_PER_TRIGGER,

@@ -45,6 +45,14 @@ where
         .boxed()
 }
 
+/// An input record that did not parse, and where it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MalformedRecord {
+    /// The file (or other place) it was read from.
+    pub path: String,
+    pub record: crate::format::Rejected,
+}
+
 /// How much one batch may take (Spark's `ReadLimit`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadLimit {
@@ -89,6 +97,13 @@ pub trait Source: Send + Sync {
     /// Counters of the last read, for the progress report's source `metrics`.
     fn metrics(&self) -> BTreeMap<String, String> {
         BTreeMap::new()
+    }
+
+    /// The records of the last read that did not parse, once its stream is drained (for
+    /// `malformed_rows = 'table'`); a second call gives none. Only sources that decode
+    /// text have any.
+    fn take_malformed(&self) -> Vec<MalformedRecord> {
+        Vec::new()
     }
 
     /// The query has committed everything up to `end`: what only it needed may go.

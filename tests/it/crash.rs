@@ -414,6 +414,9 @@ enum Target {
     /// A stream-stream left outer join of the clicks with the same user's next clicks
     /// within two minutes: both sides' rows stored, matched, evicted, null rows emitted.
     JoinSink,
+    /// The windowed count into a Delta sink with both side tables; every file has a
+    /// malformed line, the third on a row dated hours before the others (dropped as late).
+    SideTablesSink,
 }
 
 async fn windowed_run(
@@ -435,6 +438,11 @@ async fn windowed_run(
                     GROUP BY window(event_time, '5 minutes'), page";
     let (kind, options, query) = match target {
         Target::Sink => ("SINK", "", windowed),
+        Target::SideTablesSink => (
+            "SINK",
+            ", late_rows = 'table', malformed_rows = 'table'",
+            windowed,
+        ),
         Target::View => ("MATERIALIZED VIEW", "", windowed),
         Target::DedupSink => (
             "SINK",
@@ -525,6 +533,16 @@ async fn status_of(client: &Client, name: &str) -> Option<String> {
 async fn windowed_table(server: &TestServer, target: Target) -> Vec<String> {
     let client = server.connect().await;
     let sql = match target {
+        Target::SideTablesSink => {
+            "SELECT 'out ' || CAST(window_start AS TEXT) || ' ' || page || ' ' || CAST(n AS TEXT) \
+             AS r FROM views UNION ALL \
+             SELECT 'late ' || CAST(batch_id AS TEXT) || ' ' || operator || ' ' || reason || ' ' \
+             || CAST(watermark AS TEXT) || ' ' || CAST(event_time AS TEXT) || ' ' || row \
+             FROM views_late_rows UNION ALL \
+             SELECT 'malformed ' || CAST(batch_id AS TEXT) || ' ' || stream || ' ' || path || ' ' \
+             || CAST(line_number AS TEXT) || ' ' || record || ' ' || reason \
+             FROM views_malformed_rows ORDER BY r"
+        }
         Target::Sink | Target::View => {
             "SELECT CAST(window_start AS TEXT) || ' ' || page || ' ' || CAST(n AS TEXT) || ' ' || \
              CAST(round(total, 3) AS TEXT) AS r FROM views ORDER BY r"
@@ -548,7 +566,10 @@ async fn windowed_table(server: &TestServer, target: Target) -> Vec<String> {
         .collect()
 }
 
-fn land_case(landing: &Path) {
+/// The `out_of_order` case's files in `landing`; with `side_rows`, each has a malformed
+/// line after its second line, and those from the third on a row dated hours before the
+/// others: late, once the watermark has moved.
+fn land_case(landing: &Path, side_rows: bool) {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/cases/out_of_order/run1");
     std::fs::create_dir_all(landing).unwrap();
     let mut names: Vec<_> = std::fs::read_dir(&src)
@@ -560,6 +581,19 @@ fn land_case(landing: &Path) {
     for (i, p) in names.iter().enumerate() {
         let dst = landing.join(p.file_name().unwrap());
         std::fs::copy(p, &dst).unwrap();
+        if side_rows {
+            let text = std::fs::read_to_string(&dst).unwrap();
+            let mut lines: Vec<&str> = text.lines().collect();
+            let bad = format!("{{\"user_id\": \"broken {i}");
+            lines.insert(2, &bad);
+            let late = format!(
+                r#"{{"user_id":"late{i}","page":"/home","event_time":"2026-06-10T0{i}:00:00Z","duration_s":1}}"#
+            );
+            if i >= 2 {
+                lines.push(&late);
+            }
+            std::fs::write(&dst, lines.join("\n") + "\n").unwrap();
+        }
         let f = std::fs::File::options().write(true).open(&dst).unwrap();
         f.set_modified(base + Duration::from_secs(i as u64))
             .unwrap();
@@ -580,7 +614,7 @@ pub fn stores() -> Vec<&'static str> {
 async fn windowed_crash_everywhere(store: &str, target: Target) {
     let tmp = tempfile::tempdir().unwrap();
     let landing = tmp.path().join("landing");
-    land_case(&landing);
+    land_case(&landing, target == Target::SideTablesSink);
     let port = free_port();
     let ref_dir = tmp.path().join("ref");
     let reference = windowed_run(&ref_dir, &landing, port, None, store, target)
@@ -592,6 +626,15 @@ async fn windowed_crash_everywhere(store: &str, target: Target) {
         "the reference run emitted {} rows",
         want.len()
     );
+    if target == Target::SideTablesSink {
+        for (kind, n) in [("late ", 4), ("malformed ", 6)] {
+            assert_eq!(
+                want.iter().filter(|r| r.starts_with(kind)).count(),
+                n,
+                "the reference run kept few {kind}rows: {want:#?}"
+            );
+        }
+    }
     reference.stop().await;
     // 6 data batches and one no-data batch: batch ids 0..=6, state versions 1..=7.
     let want_state = state_dump(&ref_dir, "views");
@@ -602,7 +645,9 @@ async fn windowed_crash_everywhere(store: &str, target: Target) {
     // The sink's own point (Delta data files written, no log entry yet) or the view's
     // (its log file written, not yet renamed; renamed, not yet in memory).
     let own: &[(&str, usize)] = match target {
-        Target::Sink | Target::DedupSink | Target::JoinSink => &[("sink_files_written", 7)],
+        Target::Sink | Target::DedupSink | Target::JoinSink | Target::SideTablesSink => {
+            &[("sink_files_written", 7)]
+        }
         Target::View => &[("view_log_before_rename", 7), ("view_after_log", 7)],
     };
     let points = [
@@ -687,6 +732,13 @@ async fn dedup_crash_everywhere_memory_store() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dedup_crash_everywhere_rocksdb_store() {
     windowed_crash_everywhere("rocksdb", Target::DedupSink).await;
+}
+
+/// The side tables after any crash hold what they hold after an uninterrupted run: each
+/// batch's late and malformed rows once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn side_tables_crash_everywhere_memory_store() {
+    windowed_crash_everywhere("memory", Target::SideTablesSink).await;
 }
 
 /// A stream-stream join's two states (rows stored, matched, evicted with their null rows)

@@ -166,6 +166,8 @@ impl FileSourceConfig {
 #[derive(Debug, Default)]
 struct ReadCounters {
     malformed: u64,
+    /// The malformed records themselves, in file order.
+    rejected: Vec<super::MalformedRecord>,
     missing: u64,
     /// Files whose rows came from the read-ahead.
     read_ahead: u64,
@@ -234,6 +236,8 @@ impl Source for FileSource {
         limit: ReadLimit,
     ) -> Result<Option<Offset>> {
         let start = start.map(log_offset).transpose()?;
+        // A new batch: the last one's counters no longer apply (it may not read this source).
+        *self.counters.lock().unwrap_or_else(|e| e.into_inner()) = ReadCounters::default();
         // A log entry that no batch covers yet (written just before a crash that came
         // before its offsets entry) is the next batch by itself, so a restart plans the
         // same batches as an uninterrupted run.
@@ -297,22 +301,31 @@ impl Source for FileSource {
         let reads = futures::stream::iter(files.into_iter().map(move |(p, ahead)| {
             let decoder = reads_decoder.clone();
             async move {
+                let path = p.display().to_string();
                 if let Some(ahead) = ahead
                     && let Some(read) = ahead.get().await
                 {
-                    return Ok((read, true));
+                    return Ok((path, read, true));
                 }
                 tokio::task::spawn_blocking(move || decoder.read_on(&p, threads))
                     .await
                     .map_err(|e| Error::Internal(format!("file reader panicked: {e}")))?
-                    .map(|read| (read, false))
+                    .map(|read| (path, read, false))
             }
         }))
         .buffered(crate::config::parallelism())
         .map(move |r| {
-            let (read, was_ahead) = r?;
+            let (path, read, was_ahead) = r?;
             let mut c = counters.lock().unwrap_or_else(|e| e.into_inner());
             c.malformed += read.malformed;
+            c.rejected.extend(
+                read.rejected
+                    .into_iter()
+                    .map(|record| super::MalformedRecord {
+                        path: path.clone(),
+                        record,
+                    }),
+            );
             c.missing += u64::from(read.missing);
             c.read_ahead += u64::from(was_ahead);
             Ok(read.batches)
@@ -331,6 +344,16 @@ impl Source for FileSource {
             ("numMissingFiles".to_string(), c.missing.to_string()),
             ("numFilesReadAhead".to_string(), c.read_ahead.to_string()),
         ])
+    }
+
+    fn take_malformed(&self) -> Vec<super::MalformedRecord> {
+        std::mem::take(
+            &mut self
+                .counters
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .rejected,
+        )
     }
 }
 
