@@ -13,8 +13,10 @@
 //! 2. **right input**: the same against the left side's stored rows, which now include this
 //!    batch's left rows, so a pair arriving in one batch is produced exactly once. A right
 //!    row that the state watermark would evict at once is not stored, unless a right or full
-//!    outer join still owes its null-padded row. For a left semi join, each stored left row
-//!    is emitted the first time it matches, and only then;
+//!    outer join still owes its null-padded row. For a left semi join, a stored left row is
+//!    emitted the first time it matches and removed from the state, as Spark 4 does (its
+//!    state and counts are those of a left row never stored when it arrives in the same
+//!    batch as its first match, a removed row otherwise);
 //! 3. **eviction**: each side drops its rows below its *state watermark* (below). An outer
 //!    join's preserved side emits its evicted rows that never matched, null-padded: outer
 //!    rows come out only when the watermark has passed them.
@@ -37,7 +39,7 @@ use datafusion::arrow::array::{
     UInt32Array, new_null_array,
 };
 use datafusion::arrow::compute::{cast, concat_batches, filter_record_batch, take};
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, TimeUnit};
 use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::{Column, DFSchema, DFSchemaRef, ScalarValue};
 use datafusion::logical_expr::{BinaryExpr, Expr, JoinType, Operator};
@@ -473,6 +475,19 @@ fn nulls_like(schema: &Schema, n: usize) -> Vec<ArrayRef> {
 }
 
 /// The stored rows of one side, decoded for one batch.
+/// What joining one side's input did to the state.
+#[derive(Debug, Default)]
+struct SideCounts {
+    /// Rows of this side stored.
+    stored: u64,
+    /// Left semi join, right side: left rows of this batch removed at their first match
+    /// (Spark counts them as never stored).
+    unstored: u64,
+    /// Left semi join, right side: left rows of earlier batches removed at their first
+    /// match.
+    removed: u64,
+}
+
 struct Stored {
     rows: RecordBatch,
     /// Their input columns, as the side's schema.
@@ -757,7 +772,7 @@ impl JoinOperator {
         wm_late_us: i64,
         wm_evict_us: i64,
         out: &mut OperatorBatch,
-    ) -> Result<u64> {
+    ) -> Result<SideCounts> {
         let kind = self.info.kind;
         let semi = kind == JoinKind::LeftSemi;
         let schema = self.sides[this].schema.clone();
@@ -778,7 +793,7 @@ impl JoinOperator {
         }
         let input = concat_batches(&schema, &input)?;
         if input.num_rows() == 0 {
-            return Ok(0);
+            return Ok(SideCounts::default());
         }
         // Rows failing this side's own conditions never match: an outer join emits them
         // null-padded now; they are not stored.
@@ -799,7 +814,7 @@ impl JoinOperator {
         };
         let n = input.num_rows();
         if n == 0 {
-            return Ok(0);
+            return Ok(SideCounts::default());
         }
         let keys = self.keys_of(this, &input)?;
         let probe_state = self.state_rows(this, &input, &keys, &vec![false; n], 0)?;
@@ -883,7 +898,22 @@ impl JoinOperator {
         } else if !keep.is_empty() {
             out.emitted.push(take_columns(&joined, &keep)?);
         }
-        if !stored.newly_matched.is_empty() {
+        let mut counts = SideCounts::default();
+        if semi && this == RIGHT && !semi_left.is_empty() {
+            // Matched left rows are done with: removed (or, stored this batch, never stored).
+            let gone = RecordBatch::try_new(
+                stored.rows.schema(),
+                take_columns(stored.rows.columns(), &semi_left)?,
+            )?;
+            let stored_in = gone.column(0).as_primitive::<Int64Type>();
+            let now = (0..gone.num_rows())
+                .filter(|&i| stored_in.value(i) == self.version as i64)
+                .count() as u64;
+            counts.unstored = now;
+            counts.removed = gone.num_rows() as u64 - now;
+            let empty = RecordBatch::new_empty(gone.schema());
+            self.sides[other].store.apply(&empty, &gone)?;
+        } else if !stored.newly_matched.is_empty() {
             let updated = self.with_matched(&stored)?;
             let empty = RecordBatch::new_empty(updated.schema());
             self.sides[other].store.apply(&updated, &empty)?;
@@ -905,7 +935,7 @@ impl JoinOperator {
             })
             .collect();
         if store.is_empty() {
-            return Ok(0);
+            return Ok(counts);
         }
         let kept = RecordBatch::try_new(schema.clone(), take_columns(input.columns(), &store)?)?;
         let kept_keys = take_columns(&keys, &store)?;
@@ -915,7 +945,8 @@ impl JoinOperator {
         // each side stores once per batch.
         let empty = RecordBatch::new_empty(rows.schema());
         self.sides[this].store.apply(&rows, &empty)?;
-        Ok(store.len() as u64)
+        counts.stored = store.len() as u64;
+        Ok(counts)
     }
 
     /// Step 3 for `side`: evicts its rows below its state watermark; an outer join's
@@ -953,12 +984,12 @@ impl JoinOperator {
         let mut inputs = inputs.into_iter();
         let left = inputs.next().unwrap_or_default();
         let right = inputs.next().unwrap_or_default();
-        let mut stored = self.join_side(LEFT, left, wm_late_us, wm_evict_us, &mut out)?;
-        stored += self.join_side(RIGHT, right, wm_late_us, wm_evict_us, &mut out)?;
-        out.rows_updated = stored;
+        let left = self.join_side(LEFT, left, wm_late_us, wm_evict_us, &mut out)?;
+        let right = self.join_side(RIGHT, right, wm_late_us, wm_evict_us, &mut out)?;
+        out.rows_updated = (left.stored + right.stored).saturating_sub(right.unstored);
         out.all_updates_ms = started.elapsed().as_millis() as u64;
         let started = Instant::now();
-        let mut removed = 0;
+        let mut removed = right.removed;
         for side in [LEFT, RIGHT] {
             removed += self.evict(side, wm_evict_us, &mut out)?;
         }

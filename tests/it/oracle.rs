@@ -667,38 +667,7 @@ async fn deduplication_matches_spark() {
             })
             .await;
         }
-        let got: Vec<Vec<String>> = rows(
-            &client,
-            &format!(
-                "SELECT batch_id, num_input_rows, watermark, sink_output_rows, progress \
-                 FROM tidemark.progress WHERE name = '{sink}' ORDER BY batch_id"
-            ),
-        )
-        .await
-        .into_iter()
-        .map(|r| {
-            let p: serde_json::Value = serde_json::from_str(r[4].as_deref().unwrap()).unwrap();
-            let ops = p["stateOperators"].as_array().cloned().unwrap_or_default();
-            let each = |f: &dyn Fn(&serde_json::Value) -> String| {
-                ops.iter().map(f).collect::<Vec<_>>().join(";")
-            };
-            vec![
-                r[0].clone().unwrap(),
-                r[1].clone().unwrap(),
-                progress_ts(r[2].as_deref().unwrap()),
-                r[3].clone().unwrap(),
-                each(&|o| o["operatorName"].as_str().unwrap().to_string()),
-                each(&|o| o["numRowsTotal"].to_string()),
-                each(&|o| o["numRowsUpdated"].to_string()),
-                each(&|o| o["numRowsRemoved"].to_string()),
-                each(&|o| o["numRowsDroppedByWatermark"].to_string()),
-                each(&|o| match &o["customMetrics"]["numDroppedDuplicateRows"] {
-                    serde_json::Value::Null => String::new(),
-                    v => v.to_string(),
-                }),
-            ]
-        })
-        .collect();
+        let got = batches_with_operators(&client, sink).await;
         let want = read_csv(&case.join(shape).join("batches.csv"));
         assert_eq!(
             got,
@@ -718,6 +687,45 @@ async fn deduplication_matches_spark() {
     }
     drop(client);
     server.stop().await;
+}
+
+/// A query's batches as `spark_dedup.py`'s `batches.csv` has them: batch id, input rows,
+/// the watermark in force, rows emitted, then per stateful operator (top of the plan
+/// first) joined with `;`: its name, state rows total, updated and removed, rows dropped
+/// as late, and `numDroppedDuplicateRows` where it has it.
+async fn batches_with_operators(client: &Client, sink: &str) -> Vec<Vec<String>> {
+    rows(
+        client,
+        &format!(
+            "SELECT batch_id, num_input_rows, watermark, sink_output_rows, progress \
+             FROM tidemark.progress WHERE name = '{sink}' ORDER BY batch_id"
+        ),
+    )
+    .await
+    .into_iter()
+    .map(|r| {
+        let p: serde_json::Value = serde_json::from_str(r[4].as_deref().unwrap()).unwrap();
+        let ops = p["stateOperators"].as_array().cloned().unwrap_or_default();
+        let each = |f: &dyn Fn(&serde_json::Value) -> String| {
+            ops.iter().map(f).collect::<Vec<_>>().join(";")
+        };
+        vec![
+            r[0].clone().unwrap(),
+            r[1].clone().unwrap(),
+            progress_ts(r[2].as_deref().unwrap()),
+            r[3].clone().unwrap(),
+            each(&|o| o["operatorName"].as_str().unwrap().to_string()),
+            each(&|o| o["numRowsTotal"].to_string()),
+            each(&|o| o["numRowsUpdated"].to_string()),
+            each(&|o| o["numRowsRemoved"].to_string()),
+            each(&|o| o["numRowsDroppedByWatermark"].to_string()),
+            each(&|o| match &o["customMetrics"]["numDroppedDuplicateRows"] {
+                serde_json::Value::Null => String::new(),
+                v => v.to_string(),
+            }),
+        ]
+    })
+    .collect()
 }
 
 /// Waits until the `available_now` query `name` has finished.
@@ -961,21 +969,19 @@ async fn stream_static_joins_match_spark() {
 /// full outer, one file of each stream per batch. Batch by batch, as Spark: input rows, the
 /// watermark in force, rows dropped as late, the join's state rows total/updated/removed and
 /// rows written (outer rows come out only once the watermark passes them); then every row.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stream_stream_joins_match_spark() {
-    let case = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/stream_join");
-    let tmp = tempfile::tempdir().unwrap();
+/// Lands `case`'s impressions/ and ad_clicks/ under `tmp`: the statements that declare
+/// them as Spark's documented ad example does (impressions watermark 10 minutes, clicks
+/// 20 minutes), one file per batch.
+fn ad_streams(case: &Path, tmp: &Path) -> String {
     let mut mtime = SystemTime::now() - Duration::from_secs(86_400);
     let mut landing = BTreeMap::new();
     for side in ["impressions", "ad_clicks"] {
-        let dir = tmp.path().join(side);
+        let dir = tmp.join(side);
         std::fs::create_dir_all(&dir).unwrap();
         land(&case.join(side), &dir, &mut mtime);
         landing.insert(side, dir.display().to_string());
     }
-    let server = TestServer::start(&tmp.path().join("data"), 0, &[]).await;
-    let client = server.connect().await;
-    let mut sql = format!(
+    format!(
         "CREATE STREAM impressions (ad_id TEXT, impression_time TIMESTAMP, WATERMARK FOR \
          impression_time AS impression_time - INTERVAL '10 minutes') WITH (format = 'json', \
          path = '{}', max_files_per_trigger = 1);
@@ -983,7 +989,16 @@ async fn stream_stream_joins_match_spark() {
          AS click_time - INTERVAL '20 minutes') WITH (format = 'json', path = '{}', \
          max_files_per_trigger = 1);",
         landing["impressions"], landing["ad_clicks"]
-    );
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_stream_joins_match_spark() {
+    let case = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/stream_join");
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&tmp.path().join("data"), 0, &[]).await;
+    let client = server.connect().await;
+    let mut sql = ad_streams(&case, tmp.path());
     let joins = [
         ("inner", "inner", "JOIN"),
         ("left_outer", "leftOuter", "LEFT OUTER JOIN"),
@@ -1084,6 +1099,70 @@ async fn stream_stream_joins_match_spark() {
         let mut want_rows = read_csv(&expected.join("output.csv"));
         want_rows.sort();
         assert_eq!(table, want_rows, "{name}: every row written");
+    }
+    server.stop().await;
+}
+
+/// A left semi join and an aggregation over an inner join's rows against Spark
+/// (`tests/oracle/stream_join/expected/{leftSemi,aggAfterJoin}`, made by
+/// `spark_join_more.py`): batch by batch the input rows, the watermark in force, rows
+/// emitted and each stateful operator's state rows and late rows (the aggregation runs on
+/// the join's output watermark); then every emitted row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semi_join_and_aggregation_after_join_match_spark() {
+    let case = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/stream_join");
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&tmp.path().join("data"), 0, &[]).await;
+    let client = server.connect().await;
+    let on = "ON c.ad_id = i.ad_id AND c.click_time >= i.impression_time \
+              AND c.click_time <= i.impression_time + INTERVAL '1 hour'";
+    // (sink, Spark's shape, query, columns)
+    let shapes = [
+        (
+            "semi",
+            "leftSemi",
+            format!(
+                "SELECT i.ad_id AS impression_ad_id, i.impression_time \
+                 FROM impressions i LEFT SEMI JOIN ad_clicks c {on}"
+            ),
+            "impression_ad_id, impression_time",
+        ),
+        (
+            "agg_after_join",
+            "aggAfterJoin",
+            format!(
+                "SELECT window.start AS ws, count(*) AS clicks, max(c.click_time) AS last_click \
+                 FROM impressions i JOIN ad_clicks c {on} \
+                 GROUP BY window(i.impression_time, '30 minutes')"
+            ),
+            "ws, clicks, last_click",
+        ),
+    ];
+    let mut sql = ad_streams(&case, tmp.path());
+    for (name, _, query, _) in &shapes {
+        sql.push_str(&format!(
+            "CREATE SINK {name} WITH (trigger = 'available_now') AS {query};"
+        ));
+    }
+    client
+        .batch_execute(&sql)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
+    for (name, shape, _, columns) in &shapes {
+        wait_finished(&client, name).await;
+        let expected = case.join("expected").join(shape);
+        assert_eq!(
+            batches_with_operators(&client, name).await,
+            read_csv(&expected.join("batches.csv")),
+            "{name}: batches (id, input rows, watermark, rows emitted, operators, state rows \
+             total/updated/removed, dropped late, dropped duplicates)\n{}",
+            server.log()
+        );
+        assert_eq!(
+            sorted_rows(&client, &format!("SELECT {columns} FROM {name}")).await,
+            read_csv(&expected.join("output.csv")),
+            "{name}: every row emitted"
+        );
     }
     server.stop().await;
 }
