@@ -1129,10 +1129,12 @@ pub fn marked_columns(plan: &LogicalPlan) -> Vec<String> {
     }
 }
 
+/// Whether `e` is a marked column, `window_time` of one, or a (tumbling) `window` over one
+/// (Spark's `TimeWindowing` gives the window the time column's watermark metadata).
 fn carries_mark(e: &Expr, marked: &[String]) -> bool {
     match e.clone().unalias() {
         Expr::Column(c) => marked.contains(&c.name),
-        Expr::ScalarFunction(f) if f.func.name() == "window_time" => {
+        Expr::ScalarFunction(f) if matches!(f.func.name(), "window_time" | "window") => {
             matches!(f.args.first(), Some(Expr::Column(c)) if marked.contains(&c.name))
         }
         _ => false,
@@ -1556,6 +1558,8 @@ impl Builder<'_> {
         };
         let (left_time, right_time) = (time_of(&left), time_of(&right));
         let (left_marks, right_marks) = (marked_columns(&left), marked_columns(&right));
+        // A key that carries the watermark: a marked time or window column, or a window
+        // over a marked column written in the condition itself.
         let marked_key = |e: &Expr, marks: &[String], schema: &DFSchemaRef| match e {
             Expr::Column(c) => {
                 marks.contains(&c.name)
@@ -1563,6 +1567,7 @@ impl Builder<'_> {
                         matches!(f.data_type(), DataType::Timestamp(..) | DataType::Struct(_))
                     })
             }
+            Expr::ScalarFunction(f) if f.func.name() == "window" => carries_mark(e, marks),
             _ => false,
         };
         let key_ordinal = left_keys

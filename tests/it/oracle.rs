@@ -1103,13 +1103,28 @@ async fn stream_stream_joins_match_spark() {
     server.stop().await;
 }
 
-/// A left semi join and an aggregation over an inner join's rows against Spark
-/// (`tests/oracle/stream_join/expected/{leftSemi,aggAfterJoin}`, made by
-/// `spark_join_more.py`): batch by batch the input rows, the watermark in force, rows
-/// emitted and each stateful operator's state rows and late rows (the aggregation runs on
-/// the join's output watermark); then every emitted row.
+/// The ad streams joined on the ad and each side's 1-hour window (its only marked column:
+/// the times go through as epoch seconds), as `spark_join_more.py` writes it.
+fn windowed_join(keyword: &str) -> String {
+    format!(
+        "SELECT i.ad_id AS impression_ad_id, i.w.start AS ws, i.s AS impression_s, \
+         c.s AS click_s \
+         FROM (SELECT ad_id, CAST(date_part('epoch', impression_time) AS BIGINT) AS s, \
+               window(impression_time, '1 hour') AS w FROM impressions) i \
+         {keyword} (SELECT ad_id, CAST(date_part('epoch', click_time) AS BIGINT) AS s, \
+               window(click_time, '1 hour') AS w FROM ad_clicks) c \
+         ON c.ad_id = i.ad_id AND c.w = i.w"
+    )
+}
+
+/// A left semi join, an aggregation over an inner join's rows, and inner and left outer
+/// joins keyed by a window, against Spark (`tests/oracle/stream_join/expected/{leftSemi,
+/// aggAfterJoin,windowInner,windowLeftOuter}`, made by `spark_join_more.py`): batch by
+/// batch the input rows, the watermark in force, rows emitted and each stateful operator's
+/// state rows and late rows (the aggregation runs on the join's output watermark, the
+/// window-keyed joins evict by the state key watermark); then every emitted row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn semi_join_and_aggregation_after_join_match_spark() {
+async fn more_stream_stream_joins_match_spark() {
     let case = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/stream_join");
     let tmp = tempfile::tempdir().unwrap();
     let server = TestServer::start(&tmp.path().join("data"), 0, &[]).await;
@@ -1136,6 +1151,18 @@ async fn semi_join_and_aggregation_after_join_match_spark() {
                  GROUP BY window(i.impression_time, '30 minutes')"
             ),
             "ws, clicks, last_click",
+        ),
+        (
+            "window_inner",
+            "windowInner",
+            windowed_join("JOIN"),
+            "impression_ad_id, ws, impression_s, click_s",
+        ),
+        (
+            "window_left_outer",
+            "windowLeftOuter",
+            windowed_join("LEFT OUTER JOIN"),
+            "impression_ad_id, ws, impression_s, click_s",
         ),
     ];
     let mut sql = ad_streams(&case, tmp.path());

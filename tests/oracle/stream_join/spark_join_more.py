@@ -1,4 +1,4 @@
-"""Two more stream-stream join shapes of Spark 4 for tests/it/oracle.rs, over impressions/
+"""More stream-stream join shapes of Spark 4 for tests/it/oracle.rs, over impressions/
 and ad_clicks/ beside this script (Spark's documented ad example: impressions watermark
 10 minutes, clicks 20 minutes, ON click ad = impression ad AND click_time >=
 impression_time AND click_time <= impression_time + interval 1 hour):
@@ -6,18 +6,18 @@ impression_time AND click_time <= impression_time + interval 1 hour):
   leftSemi:     impressions LEFT SEMI JOIN ad_clicks (each impression once, at its first
                 click);
   aggAfterJoin: the inner join, then a 30-minute window count over impression_time (two
-                stateful operators: the join's output watermark drives the aggregation).
+                stateful operators: the join's output watermark drives the aggregation);
+  windowInner, windowLeftOuter: each side's 1-hour tumbling window (its only event-time
+                column) as an equi-join key with the ad: state evicted by the state key
+                watermark, outer rows when the watermark passes their window's end.
 
 Each runs with availableNow and maxFilesPerTrigger 1 per source, the files' mtimes in name
-order (impressions/i before ad_clicks/i). Written per shape to OUT_DIR/<shape>/, as
-spark_dedup.py writes them: output.csv (every emitted row, sorted) and batches.csv (batch
-id, input rows, the watermark in force, rows emitted as counted in foreachBatch, then per
-stateful operator, top of the plan first, joined with ';': its name, rows total, updated,
-removed, dropped by watermark, and numDroppedDuplicateRows where it has it).
+order (impressions/i before ad_clicks/i). Written per shape to OUT_DIR/<shape>/ by
+../foreach_batch.py, as spark_dedup.py's: output.csv (every emitted row, sorted) and
+batches.csv (per batch the counts and each stateful operator's).
 
     /tmp/oracle-venv/bin/python spark_join_more.py OUT_DIR
 """
-import csv
 import os
 import shutil
 import sys
@@ -28,6 +28,9 @@ os.environ["TZ"] = "UTC"  # PySpark converts timestamps with the Python process'
 time.tzset()
 
 from pyspark.sql import SparkSession, functions as F  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from foreach_batch import run  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 out = sys.argv[1]
@@ -68,54 +71,34 @@ def streams():
     return imp, clk, cond
 
 
-def text(v):
-    return "" if v is None else str(v)
-
-
-def run(shape, df, columns):
-    emitted, per_batch = [], {}
-
-    def collect(batch, batch_id):
-        rows = batch.collect()
-        per_batch[batch_id] = len(rows)
-        for r in rows:
-            emitted.append([text(r[c]) for c in columns])
-
-    q = (df.writeStream.outputMode("append").trigger(availableNow=True)
-         .option("checkpointLocation", tempfile.mkdtemp(prefix=f"join-more-ck-{shape}-"))
-         .foreachBatch(collect).start())
-    q.awaitTermination()
-    os.makedirs(os.path.join(out, shape), exist_ok=True)
-    with open(os.path.join(out, shape, "output.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(columns)
-        w.writerows(sorted(emitted))
-    with open(os.path.join(out, shape, "batches.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["batch_id", "input_rows", "watermark", "output_rows", "operators",
-                    "rows_total", "rows_updated", "rows_removed", "dropped_late",
-                    "dropped_duplicates"])
-        for p in q.recentProgress:
-            ops = p["stateOperators"]
-            each = lambda f: ";".join(str(f(o)) for o in ops)  # noqa: E731
-            w.writerow([p["batchId"], p["numInputRows"], p["eventTime"]["watermark"],
-                        per_batch.get(p["batchId"], 0),
-                        each(lambda o: o["operatorName"]),
-                        each(lambda o: o["numRowsTotal"]),
-                        each(lambda o: o["numRowsUpdated"]),
-                        each(lambda o: o["numRowsRemoved"]),
-                        each(lambda o: o["numRowsDroppedByWatermark"]),
-                        each(lambda o: o["customMetrics"].get("numDroppedDuplicateRows", ""))])
-    print(shape, len(emitted), "rows")
 
 
 imp, clk, cond = streams()
-run("leftSemi", imp.join(clk, cond, "leftsemi"), ["impression_ad_id", "impression_time"])
+run(out, "leftSemi", imp.join(clk, cond, "leftsemi"), ["impression_ad_id", "impression_time"])
 
 imp, clk, cond = streams()
 joined = imp.join(clk, cond, "inner")
 agg = (joined.groupBy(F.window("impression_time", "30 minutes"))
        .agg(F.count("*").alias("clicks"), F.max("click_time").alias("last_click"))
        .select(F.col("window.start").alias("ws"), "clicks", "last_click"))
-run("aggAfterJoin", agg, ["ws", "clicks", "last_click"])
+run(out, "aggAfterJoin", agg, ["ws", "clicks", "last_click"])
+
+
+def windowed(join_type):
+    """Each side's 1-hour window as the only event-time column (Spark allows one per
+    side), the times kept as epoch seconds; joined on ad and window."""
+    imp, clk, _ = streams()
+    i = imp.select("impression_ad_id",
+                   F.unix_timestamp("impression_time").alias("impression_s"),
+                   F.window("impression_time", "1 hour").alias("iw"))
+    c = clk.select("click_ad_id", F.unix_timestamp("click_time").alias("click_s"),
+                   F.window("click_time", "1 hour").alias("cw"))
+    j = i.join(c, F.expr("impression_ad_id = click_ad_id AND iw = cw"), join_type)
+    return j.select("impression_ad_id", F.col("iw.start").alias("ws"), "impression_s",
+                    "click_s")
+
+
+window_cols = ["impression_ad_id", "ws", "impression_s", "click_s"]
+run(out, "windowInner", windowed("inner"), window_cols)
+run(out, "windowLeftOuter", windowed("leftouter"), window_cols)
 spark.stop()
