@@ -1662,20 +1662,14 @@ impl Builder<'_> {
                  in Spark",
             ));
         }
-        let time = match marked_columns(&input).first() {
-            None => None,
-            Some(t) => {
-                let (_, field) = input.schema().qualified_field_with_unqualified_name(t)?;
-                if !matches!(field.data_type(), DataType::Timestamp(..)) {
-                    return Err(Error::unsupported(format!(
-                        "deduplication over the watermarked column \"{t}\" of type {}: \
-                         deduplicate the rows before window() is applied",
-                        field.data_type()
-                    )));
-                }
-                Some(t.clone())
-            }
-        };
+        // The marked event time; a marked window (`window(t, ...) AS w` below) is not one
+        // (not yet: its rows are kept until the state is dropped).
+        let time = marked_columns(&input).into_iter().find(|t| {
+            input
+                .schema()
+                .qualified_field_with_unqualified_name(t)
+                .is_ok_and(|(_, f)| matches!(f.data_type(), DataType::Timestamp(..)))
+        });
         let within_watermark_us = match self.dedup {
             DedupMode::First => None,
             DedupMode::WithinWatermark => {

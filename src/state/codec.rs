@@ -13,7 +13,7 @@
 
 use std::path::Path;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Int64Type, Schema, TimeUnit};
 use datafusion::arrow::row::{RowConverter, SortField};
@@ -308,15 +308,34 @@ impl Codec {
         Ok(out)
     }
 
-    /// The time of each row, from the layout's time column.
+    /// The time of each row, from the layout's time column: a timestamp, or a window's end.
     pub fn times(&self, batch: &RecordBatch) -> Result<Vec<Option<i64>>> {
         let Some(col) = self.layout.time_column else {
             return Ok(vec![None; batch.num_rows()]);
         };
-        let c = cast(
-            batch.column(col),
-            &DataType::Timestamp(TimeUnit::Microsecond, None),
-        )?;
+        let column = batch.column(col);
+        let column = match column.data_type() {
+            DataType::Struct(fields) => {
+                let end = fields.iter().position(|f| f.name() == "end").unwrap_or(1);
+                let s = column.as_struct();
+                if end >= s.num_columns() {
+                    return Err(Error::Internal(format!(
+                        "state time column {col} is a struct without an end"
+                    )));
+                }
+                let end = s.column(end);
+                // A NULL window has no time.
+                match s.nulls() {
+                    Some(n) => datafusion::arrow::compute::nullif(
+                        end,
+                        &BooleanArray::from((0..n.len()).map(|i| n.is_null(i)).collect::<Vec<_>>()),
+                    )?,
+                    None => end.clone(),
+                }
+            }
+            _ => column.clone(),
+        };
+        let c = cast(&column, &DataType::Timestamp(TimeUnit::Microsecond, None))?;
         let c = cast(&c, &DataType::Int64)?;
         Ok(c.as_primitive::<Int64Type>().iter().collect())
     }
