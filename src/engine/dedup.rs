@@ -120,10 +120,21 @@ impl DedupOperator {
         let time_index = match &info.time {
             Some(t) => {
                 let i = input_schema.index_of(t)?;
-                if !matches!(input_schema.field(i).data_type(), DataType::Timestamp(..)) {
+                // A timestamp, or a window over one (its end is the time, as in Spark).
+                let ok = match input_schema.field(i).data_type() {
+                    DataType::Timestamp(..) => true,
+                    DataType::Struct(_) => info.within_watermark_us.is_none(),
+                    _ => false,
+                };
+                if !ok {
                     return Err(Error::unsupported(format!(
-                        "deduplication over the event-time column \"{t}\" of type {}: it \
+                        "deduplication{} over the event-time column \"{t}\" of type {}: it \
                          must be a timestamp",
+                        if info.within_watermark_us.is_some() {
+                            " within the watermark"
+                        } else {
+                            ""
+                        },
                         input_schema.field(i).data_type()
                     )));
                 }

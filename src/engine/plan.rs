@@ -1046,11 +1046,18 @@ fn only_immutable_functions(plan: &LogicalPlan) -> bool {
 }
 
 /// The context a query plans in: UTC, the window functions, the streaming planner.
+/// DataFusion's leaf-expression pushdown stays off: it would move a field access such as
+/// `w.start` below a stateful node whose schema is its input's (a deduplication, a
+/// watermark), giving the operator columns it was not built for.
 fn streaming_context(runtime: Arc<BatchRuntime>, partitions: usize) -> SessionContext {
     let config = SessionConfig::new()
         .with_target_partitions(partitions)
         .with_information_schema(false)
-        .set_str("datafusion.execution.time_zone", "UTC");
+        .set_str("datafusion.execution.time_zone", "UTC")
+        .set_bool(
+            "datafusion.optimizer.enable_leaf_expression_pushdown",
+            false,
+        );
     let state = SessionStateBuilder::new()
         .with_config(config)
         .with_default_features()
@@ -1662,14 +1669,22 @@ impl Builder<'_> {
                  in Spark",
             ));
         }
-        // The marked event time; a marked window (`window(t, ...) AS w` below) is not one
-        // (not yet: its rows are kept until the state is dropped).
-        let time = marked_columns(&input).into_iter().find(|t| {
-            input
-                .schema()
-                .qualified_field_with_unqualified_name(t)
-                .is_ok_and(|(_, f)| matches!(f.data_type(), DataType::Timestamp(..)))
-        });
+        // The marked event time, else a marked window (`window(t, ...) AS w` below), whose
+        // end is the time, as in Spark.
+        let marked = marked_columns(&input);
+        let of_type = |timestamp: bool| {
+            marked.iter().find(|t| {
+                input
+                    .schema()
+                    .qualified_field_with_unqualified_name(t)
+                    .is_ok_and(|(_, f)| match f.data_type() {
+                        DataType::Timestamp(..) => timestamp,
+                        DataType::Struct(_) => !timestamp,
+                        _ => false,
+                    })
+            })
+        };
+        let time = of_type(true).or_else(|| of_type(false)).cloned();
         let within_watermark_us = match self.dedup {
             DedupMode::First => None,
             DedupMode::WithinWatermark => {

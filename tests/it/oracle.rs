@@ -575,11 +575,12 @@ async fn chained_aggregations_and_unions_match_spark() {
 
 /// Deduplication against Spark (`tests/oracle/dedup/`, made by `spark_dedup.py` beside the
 /// input files): `DISTINCT ON` with and without the event time among the keys, within the
-/// watermark, `row_number() = 1`, `SELECT DISTINCT` over columns without the event time, and a deduplication
-/// below a window count. Batch by batch, as Spark: input rows, the watermark in force, rows
-/// emitted, and per stateful operator (top of the plan first) its name, state rows total,
-/// updated and removed, rows dropped as late and as duplicates; then every emitted row. Each
-/// query also runs as a materialized view in append mode, whose rows must equal the sink's.
+/// watermark, `row_number() = 1`, `SELECT DISTINCT` over columns without the event time, a
+/// deduplication below a window count, and one keyed by a window computed below it. Batch
+/// by batch, as Spark: input rows, the watermark in force, rows emitted, and per stateful
+/// operator (top of the plan first) its name, state rows total, updated and removed, rows
+/// dropped as late and as duplicates; then every emitted row. Each query also runs as a
+/// materialized view in append mode, whose rows must equal the sink's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deduplication_matches_spark() {
     let case = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/dedup");
@@ -591,7 +592,7 @@ async fn deduplication_matches_spark() {
     let server = TestServer::start(&tmp.path().join("data"), 0, &[]).await;
     let client = server.connect().await;
     // (sink name, Spark's shape, options, query, columns)
-    let shapes: [(&str, &str, &str, &str, &str); 6] = [
+    let shapes: [(&str, &str, &str, &str, &str); 7] = [
         (
             "exact",
             "exact",
@@ -636,6 +637,15 @@ async fn deduplication_matches_spark() {
              FROM (SELECT DISTINCT ON (user_id, event_time) * FROM clicks) \
              GROUP BY window(event_time, '10 minutes'), page",
             "window_start, page, n",
+        ),
+        (
+            "by_window",
+            "by_window",
+            "",
+            "SELECT user_id, w.start AS window_start FROM (SELECT DISTINCT ON (user_id, w) \
+             user_id, w FROM (SELECT user_id, window(event_time, '10 minutes') AS w \
+             FROM clicks))",
+            "user_id, window_start",
         ),
     ];
     let mut sql = format!(

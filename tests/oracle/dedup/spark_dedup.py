@@ -10,7 +10,9 @@ availableNow, maxFilesPerTrigger 1, the files' mtimes in name order. Shapes:
   distinct: select(user_id, page).dropDuplicates(): no event-time column below the
             operator, so nothing is late and nothing is evicted;
   counted:  dropDuplicates(user_id, event_time), then a 10-minute count per page (two
-            stateful operators, append).
+            stateful operators, append);
+  by_window: dropDuplicates(user_id, w) over a 10-minute window w computed in a select,
+            the only event-time column left: late rows and eviction by the window's end.
 
 Written per shape to OUT_DIR/<shape>/ by ../foreach_batch.py: output.csv (every emitted
 row, sorted) and batches.csv (per batch the counts and each stateful operator's).
@@ -66,4 +68,8 @@ counted = (clicks().dropDuplicates(["user_id", "event_time"])
            .groupBy(F.window("event_time", "10 minutes"), "page").agg(F.count("*").alias("n"))
            .select(F.col("window.start").alias("window_start"), "page", "n"))
 run(out, "counted", counted, ["window_start", "page", "n"])
+by_window = (clicks().select("user_id", F.window("event_time", "10 minutes").alias("w"))
+             .dropDuplicates(["user_id", "w"])
+             .select("user_id", F.col("w.start").alias("window_start")))
+run(out, "by_window", by_window, ["user_id", "window_start"])
 spark.stop()
