@@ -13,8 +13,8 @@
 
 use std::path::Path;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch};
-use datafusion::arrow::compute::cast;
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use datafusion::arrow::compute::{cast, is_null};
 use datafusion::arrow::datatypes::{DataType, Int64Type, Schema, TimeUnit};
 use datafusion::arrow::row::{RowConverter, SortField};
 use serde::{Deserialize, Serialize};
@@ -323,15 +323,8 @@ impl Codec {
                         "state time column {col} is a struct without an end"
                     )));
                 }
-                let end = s.column(end);
                 // A NULL window has no time.
-                match s.nulls() {
-                    Some(n) => datafusion::arrow::compute::nullif(
-                        end,
-                        &BooleanArray::from((0..n.len()).map(|i| n.is_null(i)).collect::<Vec<_>>()),
-                    )?,
-                    None => end.clone(),
-                }
+                datafusion::arrow::compute::nullif(s.column(end), &is_null(column)?)?
             }
             _ => column.clone(),
         };
