@@ -3,10 +3,11 @@
 
     python benches/spark_nexmark.py FILES WORKDIR EVENTS [q0,q1,...] [--compare DIR]
 
-FILES holds the bids of EVENTS Nexmark events, one Parquet file per batch (landed by
-`benches/nexmark.py --files FILES`). Each query reads them with readStream.parquet,
+FILES holds the bids, auctions and persons of EVENTS Nexmark events in FILES/bid,
+FILES/auction and FILES/person, one Parquet file per batch (landed by `benches/nexmark.py
+--files FILES`). Each query reads the streams it needs with readStream.parquet,
 maxFilesPerTrigger 1, a 4-second watermark on date_time, into the noop sink with
-availableNow; local[2], shuffle partitions 2, after one unmeasured warm-up run of q2.
+availableNow; local[2], shuffle partitions 2, a 12 GiB heap, after one unmeasured warm-up run of q2.
 Prints per query: the query's wall time,
 the CPU seconds of the JVM over the query (utime + stime of the Java process), events of
 all kinds per second and per CPU second, the rows read and the rows the sink got.
@@ -30,9 +31,12 @@ if "--compare" in args:
     compare = args[i + 1]
     del args[i:i + 2]
 files, work, events = args[0], args[1], int(args[2])
-wanted = args[3].split(",") if len(args) > 3 else ["q0", "q1", "q2", "q5", "q7", "q12"]
+wanted = (args[3].split(",") if len(args) > 3
+          else ["q0", "q1", "q2", "q3", "q5agg", "q7", "q7agg", "q8", "q12"])
 spark = (SparkSession.builder.master("local[2]").appName("nexmark")
          .config("spark.sql.shuffle.partitions", "2")
+         # q7's join holds a window of bids: the default 1 GiB heap runs out.
+         .config("spark.driver.memory", "12g")
          .config("spark.sql.session.timeZone", "UTC")
          .config("spark.ui.enabled", "false").getOrCreate())
 spark.sparkContext.setLogLevel("ERROR")
@@ -45,13 +49,23 @@ def jvm_cpu():
     return (int(fields[11]) + int(fields[12])) / tick
 
 
-schema = ("auction long, bidder long, price long, channel string, url string, "
-          "date_time timestamp, extra string")
+SCHEMAS = {
+    "bid": "auction long, bidder long, price long, channel string, url string, "
+           "date_time timestamp, extra string",
+    "auction": "id long, item_name string, description string, initial_bid long, reserve long, "
+               "date_time timestamp, expires timestamp, seller long, category long, extra string",
+    "person": "id long, name string, email_address string, credit_card string, city string, "
+              "state string, date_time timestamp, extra string",
+}
+
+
+def stream(table):
+    return (spark.readStream.schema(SCHEMAS[table]).option("maxFilesPerTrigger", 1)
+            .parquet(os.path.join(files, table)).withWatermark("date_time", "4 seconds"))
 
 
 def bids():
-    return (spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(files)
-            .withWatermark("date_time", "4 seconds"))
+    return stream("bid")
 
 
 def query(name):
@@ -63,12 +77,33 @@ def query(name):
                         "date_time", "extra")
     if name == "q2":
         return b.where(F.col("auction") % 123 == 0).select("auction", "price")
-    if name == "q5":
+    if name == "q3":
+        a, p = stream("auction"), stream("person")
+        return (a.join(p, a.seller == p.id)
+                .where((a.category == 10) & p.state.isin("or", "id", "ca"))
+                .select(p.name, p.city, p.state, a.id))
+    if name == "q5agg":
         return (b.groupBy("auction", F.window("date_time", "10 seconds", "2 seconds").alias("w"))
                 .agg(F.count(F.lit(1)).alias("num"))
                 .select("auction", "num", F.col("w.start").alias("starttime"),
                         F.col("w.end").alias("endtime")))
     if name == "q7":
+        # Spark allows one event-time column per side of a join: the bid's time rides along
+        # as microseconds beside its window.
+        b = bids().select("auction", "price", "bidder", F.unix_micros("date_time").alias("us"),
+                          "extra", F.window("date_time", "10 seconds").alias("w"))
+        m = (bids().groupBy(F.window("date_time", "10 seconds").alias("mw"))
+             .agg(F.max("price").alias("maxprice")))
+        return (b.join(m, (b.w == m.mw) & (b.price == m.maxprice))
+                .select("auction", "price", "bidder", F.timestamp_micros("us").alias("date_time"),
+                        "extra"))
+    if name == "q8":
+        p = stream("person").select("id", "name", F.window("date_time", "10 seconds").alias("pw"))
+        a = (stream("auction").select("seller", F.window("date_time", "10 seconds").alias("aw"))
+             .dropDuplicates(["seller", "aw"]))
+        return (p.join(a, (p.id == a.seller) & (p.pw == a.aw))
+                .select("id", "name", F.col("pw.start").alias("starttime")))
+    if name == "q7agg":
         return (b.groupBy(F.window("date_time", "10 seconds").alias("w"))
                 .agg(F.max("price").alias("maxprice"))
                 .select(F.col("w.start").alias("starttime"), F.col("w.end").alias("endtime"),

@@ -479,14 +479,26 @@ pub struct AggregateBatch {
 }
 
 impl AggregateBatch {
-    /// Counts `late` (the operator's input rows, time in column `time`) as dropped by the
-    /// watermark, and keeps them for the late-rows table.
-    pub fn drop(&mut self, late: RecordBatch, time: usize) {
+    /// `batch` (operator input) less its rows whose time in column `time` is at or before
+    /// `wm_late_us`: the late-row filter of every stateful operator (spec §3.1). The late
+    /// rows are counted as dropped by the watermark and kept for the late-rows table. No
+    /// filter without a time column, or before the first watermark.
+    pub fn keep_on_time(
+        &mut self,
+        batch: RecordBatch,
+        time: Option<usize>,
+        wm_late_us: i64,
+    ) -> Result<RecordBatch> {
+        let Some(time) = time.filter(|_| wm_late_us > 0) else {
+            return Ok(batch);
+        };
+        let (kept, late) = drop_late(&batch, time, wm_late_us)?;
         if late.num_rows() > 0 {
             self.dropped_late += late.num_rows() as u64;
             self.late
                 .push(super::side_tables::DroppedRows { rows: late, time });
         }
+        Ok(kept)
     }
 }
 
@@ -719,14 +731,8 @@ impl AggregateOperator {
                 None => b,
             };
             let b = RecordBatch::try_new(self.input_schema.clone(), b.columns().to_vec())?;
-            let b = match (key_time, late_filter) {
-                (Some((_, col)), true) if wm_late_us > 0 => {
-                    let (kept, late) = drop_late(&b, col, wm_late_us)?;
-                    out.drop(late, col);
-                    kept
-                }
-                _ => b,
-            };
+            let time = key_time.filter(|_| late_filter).map(|(_, col)| col);
+            let b = out.keep_on_time(b, time, wm_late_us)?;
             if b.num_rows() > 0 {
                 input.push(b);
             }
@@ -913,13 +919,8 @@ pub(crate) fn time_micros(column: &ArrayRef) -> Result<datafusion::arrow::array:
 }
 
 /// `batch` split into its rows whose time in `column` (a timestamp, or a window's end) is
-/// after `wm_us`, and the late ones: the late-row filter of every stateful operator (spec
-/// §3.1). NULL times are never late.
-pub(crate) fn drop_late(
-    batch: &RecordBatch,
-    column: usize,
-    wm_us: i64,
-) -> Result<(RecordBatch, RecordBatch)> {
+/// after `wm_us`, and the late ones. NULL times are never late.
+fn drop_late(batch: &RecordBatch, column: usize, wm_us: i64) -> Result<(RecordBatch, RecordBatch)> {
     let c = time_micros(batch.column(column))?;
     let keep: BooleanArray = c
         .iter()

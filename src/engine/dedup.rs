@@ -27,7 +27,6 @@ use datafusion::arrow::compute::{cast, concat_batches, filter_record_batch, take
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, TimeUnit};
 use datafusion::arrow::row::{RowConverter, SortField};
 
-use super::aggregate::drop_late;
 use super::operator::OperatorBatch;
 use crate::error::{Error, Result};
 use crate::state::{StateLayout, StateMetrics, StateStore};
@@ -235,14 +234,7 @@ impl DedupOperator {
         let mut input = Vec::with_capacity(rows.len());
         for b in rows {
             let b = RecordBatch::try_new(self.input_schema.clone(), b.columns().to_vec())?;
-            let b = match self.time_index {
-                Some(t) if wm_late_us > 0 => {
-                    let (kept, late) = drop_late(&b, t, wm_late_us)?;
-                    out.drop(late, t);
-                    kept
-                }
-                _ => b,
-            };
+            let b = out.keep_on_time(b, self.time_index, wm_late_us)?;
             if b.num_rows() > 0 {
                 input.push(b);
             }

@@ -46,7 +46,7 @@ use datafusion::logical_expr::{BinaryExpr, Expr, JoinType, Operator};
 use datafusion::physical_plan::PhysicalExpr;
 use datafusion::prelude::SessionContext;
 
-use super::aggregate::{drop_late, time_micros};
+use super::aggregate::time_micros;
 use super::operator::OperatorBatch;
 use crate::error::{Error, Result};
 use crate::state::{StateLayout, StateMetrics, StateStore};
@@ -779,14 +779,7 @@ impl JoinOperator {
         let mut input = Vec::with_capacity(rows.len());
         for b in rows {
             let b = RecordBatch::try_new(schema.clone(), b.columns().to_vec())?;
-            let b = match self.sides[this].time {
-                Some(t) if wm_late_us > 0 => {
-                    let (kept, late) = drop_late(&b, t, wm_late_us)?;
-                    out.drop(late, t);
-                    kept
-                }
-                _ => b,
-            };
+            let b = out.keep_on_time(b, self.sides[this].time, wm_late_us)?;
             if b.num_rows() > 0 {
                 input.push(b);
             }

@@ -1441,11 +1441,6 @@ impl Builder<'_> {
                 hint: Some("Use output_mode = 'append'.".into()),
             });
         }
-        if contains_aggregate(&join.left) || contains_aggregate(&join.right) {
-            return Err(Error::unsupported(
-                "a join of two streams over a streaming aggregation is not supported yet",
-            ));
-        }
         let (ls, rs) = (join.left.schema().clone(), join.right.schema().clone());
         let mut conditions: Vec<Expr> = join
             .on

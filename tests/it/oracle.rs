@@ -1127,12 +1127,34 @@ fn windowed_join(keyword: &str) -> String {
     )
 }
 
-/// A left semi join, an aggregation over an inner join's rows, and inner and left outer
-/// joins keyed by a window, against Spark (`tests/oracle/stream_join/expected/{leftSemi,
-/// aggAfterJoin,windowInner,windowLeftOuter}`, made by `spark_join_more.py`): batch by
-/// batch the input rows, the watermark in force, rows emitted and each stateful operator's
-/// state rows and late rows (the aggregation runs on the join's output watermark, the
-/// window-keyed joins evict by the state key watermark); then every emitted row.
+/// The clicks per ad and hour (an aggregation) joined back to the impressions of that ad
+/// and hour: Nexmark q5's and q7's shape. The aggregation is the join's right side, or its
+/// left with `agg_first`.
+fn join_after_aggregation(keyword: &str, agg_first: bool) -> String {
+    let impressions = "(SELECT ad_id, CAST(date_part('epoch', impression_time) AS BIGINT) AS s, \
+                       window(impression_time, '1 hour') AS w FROM impressions) i";
+    let clicks = "(SELECT ad_id, w, count(*) AS clicks \
+                  FROM (SELECT ad_id, window(click_time, '1 hour') AS w FROM ad_clicks) \
+                  GROUP BY ad_id, w) c";
+    let (left, right) = if agg_first {
+        (clicks, impressions)
+    } else {
+        (impressions, clicks)
+    };
+    format!(
+        "SELECT i.ad_id AS impression_ad_id, i.w.start AS ws, i.s AS impression_s, c.clicks \
+         FROM {left} {keyword} {right} ON c.ad_id = i.ad_id AND c.w = i.w"
+    )
+}
+
+/// A left semi join, an aggregation over an inner join's rows, inner and left outer joins
+/// keyed by a window, and inner and left outer joins over an aggregation, against Spark
+/// (`tests/oracle/stream_join/expected/{leftSemi,aggAfterJoin,windowInner,windowLeftOuter,
+/// joinAfterAgg,leftJoinAfterAgg,aggLeftOfJoin}`, made by `spark_join_more.py`): batch by batch the input
+/// rows, the watermark in force, rows emitted and each stateful operator's state rows and
+/// late rows (the aggregation runs on the join's output watermark, the window-keyed joins
+/// evict by the state key watermark, a join over an aggregation gets each window's row when
+/// the watermark closes it); then every emitted row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_stream_stream_joins_match_spark() {
     let case = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/stream_join");
@@ -1173,6 +1195,24 @@ async fn more_stream_stream_joins_match_spark() {
             "windowLeftOuter",
             windowed_join("LEFT OUTER JOIN"),
             "impression_ad_id, ws, impression_s, click_s",
+        ),
+        (
+            "join_after_agg",
+            "joinAfterAgg",
+            join_after_aggregation("JOIN", false),
+            "impression_ad_id, ws, impression_s, clicks",
+        ),
+        (
+            "left_join_after_agg",
+            "leftJoinAfterAgg",
+            join_after_aggregation("LEFT OUTER JOIN", false),
+            "impression_ad_id, ws, impression_s, clicks",
+        ),
+        (
+            "agg_left_of_join",
+            "aggLeftOfJoin",
+            join_after_aggregation("JOIN", true),
+            "impression_ad_id, ws, impression_s, clicks",
         ),
     ];
     let mut sql = ad_streams(&case, tmp.path());

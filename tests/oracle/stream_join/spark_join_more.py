@@ -101,4 +101,23 @@ def windowed(join_type):
 window_cols = ["impression_ad_id", "ws", "impression_s", "click_s"]
 run(out, "windowInner", windowed("inner"), window_cols)
 run(out, "windowLeftOuter", windowed("leftouter"), window_cols)
+
+
+def after_agg(join_type, agg_first=False):
+    """The clicks per (ad, hour) joined back to the impressions of that ad and hour (the
+    aggregation the join's right side, or its left with agg_first)."""
+    imp, clk, _ = streams()
+    i = imp.select("impression_ad_id", F.unix_timestamp("impression_time").alias("impression_s"),
+                   F.window("impression_time", "1 hour").alias("iw"))
+    c = (clk.groupBy("click_ad_id", F.window("click_time", "1 hour").alias("cw"))
+         .agg(F.count("*").alias("clicks")))
+    on = F.expr("impression_ad_id = click_ad_id AND iw = cw")
+    j = c.join(i, on, join_type) if agg_first else i.join(c, on, join_type)
+    return j.select("impression_ad_id", F.col("iw.start").alias("ws"), "impression_s", "clicks")
+
+
+agg_cols = ["impression_ad_id", "ws", "impression_s", "clicks"]
+run(out, "joinAfterAgg", after_agg("inner"), agg_cols)
+run(out, "leftJoinAfterAgg", after_agg("leftouter"), agg_cols)
+run(out, "aggLeftOfJoin", after_agg("inner", agg_first=True), agg_cols)
 spark.stop()
