@@ -151,7 +151,7 @@ COPY (SELECT progress FROM tidemark.progress) TO '{work}/reports.json' STORED AS
     cpu = user + sys_
     engine_cpu = cpu - gen_ns / 1e9
     return {
-        "query": name, "events": events, "bids": int(p["rows"]), "out": int(p["out"]),
+        "query": name, "events": events, "rows_in": int(p["rows"]), "out": int(p["out"]),
         "batches": int(p["batches"]), "query_s": int(p["ms"]) / 1000, "wall_s": wall, "cpu_s": cpu,
         "ev_per_s": events / (int(p["ms"]) / 1000), "ev_per_cpu_s": events / cpu, "rss_mib": rss / 1024,
         "gen_cpu_s": gen_ns / 1e9, "ev_per_engine_cpu_s": events / engine_cpu if gen_ns else None,
@@ -174,11 +174,11 @@ def main():
     a = ap.parse_args()
     if a.files and not os.path.isdir(a.files):
         generate_files(a.binary, a.events, a.batch, a.files)
-    print(f"{'query':6} {'events':>10} {'bids':>10} {'out rows':>10} {'batches':>7} {'query s':>8} "
+    print(f"{'query':6} {'events':>10} {'rows in':>10} {'out rows':>10} {'batches':>7} {'query s':>8} "
           f"{'CPU s':>7} {'gen CPU s':>9} {'ev/s':>10} {'ev/s/core':>10} {'w/o gen':>10} {'peak RSS':>9}")
     for q in a.queries.split(","):
         r = run(a.binary, q, a.events, a.batch, a.store, a.files, a.keep_output)
-        print(f"{r['query']:6} {r['events']:>10} {r['bids']:>10} {r['out']:>10} {r['batches']:>7} "
+        print(f"{r['query']:6} {r['events']:>10} {r['rows_in']:>10} {r['out']:>10} {r['batches']:>7} "
               f"{r['query_s']:>8.2f} {r['cpu_s']:>7.2f} {r['gen_cpu_s']:>9.2f} {r['ev_per_s']/1e6:>9.2f}M "
               f"{r['ev_per_cpu_s']/1e6:>9.2f}M "
               + (f"{r['ev_per_engine_cpu_s']/1e6:>9.2f}M" if r['ev_per_engine_cpu_s'] else f"{'-':>10}")
