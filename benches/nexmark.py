@@ -169,7 +169,7 @@ def main():
     ap.add_argument("--keep-output", metavar="DIR", help="write each query's rows as Parquet "
                     "into DIR/<query> instead of dropping them (for benches/spark_nexmark.py "
                     "--compare; the timings then include the writes)")
-    ap.add_argument("--files", help="read the bids from Parquet files in this folder, landed "
+    ap.add_argument("--files", help="read the streams from Parquet files in this folder (DIR/bid, DIR/auction, DIR/person), landed "
                     "there first if it does not exist (for the side-by-side run with Spark)")
     a = ap.parse_args()
     if a.files and not os.path.isdir(a.files):
