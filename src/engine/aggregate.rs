@@ -621,6 +621,7 @@ impl AggregateOperator {
                 .filter(|_| evicts)
                 .map(|(s, _)| s),
             partitions,
+            group_lookups: session,
         })?;
         Ok(AggregateOperator {
             info,

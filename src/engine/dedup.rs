@@ -162,6 +162,7 @@ impl DedupOperator {
             window_columns: 0,
             time_column,
             partitions,
+            group_lookups: false,
         })?;
         let keys = RowConverter::new(
             key_indices

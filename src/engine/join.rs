@@ -590,6 +590,7 @@ impl JoinOperator {
                     window_columns: ID_COLUMNS,
                     time_column: (side.cleanup != Cleanup::Never).then_some(n - 1),
                     partitions,
+                    group_lookups: true,
                 },
             )?;
             let filter = side

@@ -16,10 +16,12 @@ use std::path::Path;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use datafusion::arrow::compute::{cast, is_null};
 use datafusion::arrow::datatypes::{DataType, Int64Type, Schema, TimeUnit};
+use datafusion::arrow::ipc::CompressionType;
+use datafusion::arrow::ipc::writer::{FileWriter, IpcWriteOptions};
 use datafusion::arrow::row::{RowConverter, SortField};
 use serde::{Deserialize, Serialize};
 
-use super::{STATE_FORMAT_VERSION, StateLayout, StoreKind};
+use super::{StateLayout, StoreKind};
 use crate::error::{Error, Result};
 use crate::fsutil::write_atomic;
 
@@ -33,6 +35,9 @@ struct Metadata {
     key_columns: usize,
     /// `name: type` of every state column, to refuse a checkpoint of another query shape.
     fields: Vec<String>,
+    /// RocksDB store: whether rows are ordered by time first (see `kv.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ordered_by_time: Option<bool>,
 }
 
 fn describe_fields(schema: &Schema) -> Vec<String> {
@@ -72,11 +77,12 @@ pub fn stored_kind(dir: &Path) -> Result<StoreKind> {
 /// `layout` and `kind`.
 pub fn check_metadata(dir: &Path, layout: &StateLayout, kind: StoreKind) -> Result<()> {
     let meta = Metadata {
-        format_version: STATE_FORMAT_VERSION,
+        format_version: kind.format_version(),
         store: kind,
         partitions: layout.partitions,
         key_columns: layout.key_columns,
         fields: describe_fields(&layout.schema),
+        ordered_by_time: (kind == StoreKind::Rocksdb).then(|| layout.orders_by_time()),
     };
     let Some(found) = read_metadata(dir)? else {
         let text = serde_json::to_string(&meta)
@@ -85,15 +91,6 @@ pub fn check_metadata(dir: &Path, layout: &StateLayout, kind: StoreKind) -> Resu
     };
     let incompatible =
         |message: String, hint: String| Error::IncompatibleCheckpoint { message, hint };
-    if found.format_version != meta.format_version {
-        return Err(incompatible(
-            format!(
-                "the checkpoint's state has format version {}, this build reads {}",
-                found.format_version, meta.format_version
-            ),
-            "Use a new checkpoint_location, or the Tidemark version that wrote it.".into(),
-        ));
-    }
     if found.store != meta.store {
         return Err(incompatible(
             format!(
@@ -106,6 +103,15 @@ pub fn check_metadata(dir: &Path, layout: &StateLayout, kind: StoreKind) -> Resu
                  or a new checkpoint_location.",
                 found.store.as_str()
             ),
+        ));
+    }
+    if found.format_version != meta.format_version {
+        return Err(incompatible(
+            format!(
+                "the checkpoint's state has format version {}, this build reads {}",
+                found.format_version, meta.format_version
+            ),
+            "Use a new checkpoint_location, or the Tidemark version that wrote it.".into(),
         ));
     }
     if found.partitions != meta.partitions {
@@ -135,6 +141,14 @@ pub fn check_metadata(dir: &Path, layout: &StateLayout, kind: StoreKind) -> Resu
         ));
     }
     Ok(())
+}
+
+/// A writer of an LZ4-compressed Arrow IPC file: the stores' delta, changelog and snapshot
+/// files.
+pub fn ipc_file_writer<W: std::io::Write>(out: W, schema: &Schema) -> Result<FileWriter<W>> {
+    let options =
+        IpcWriteOptions::default().try_with_compression(Some(CompressionType::LZ4_FRAME))?;
+    Ok(FileWriter::try_new_with_options(out, schema, options)?)
 }
 
 /// FNV-1a: stable across builds and platforms, unlike std's hasher.

@@ -51,13 +51,12 @@ use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, BinaryBuilder, Int64Builder, RecordBatch,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
-use datafusion::arrow::ipc::CompressionType;
 use datafusion::arrow::ipc::reader::FileReader;
-use datafusion::arrow::ipc::writer::{FileWriter, IpcWriteOptions};
+use datafusion::arrow::ipc::writer::FileWriter;
 use hashbrown::DefaultHashBuilder;
 use hashbrown::HashTable;
 
-use super::codec::{Codec, Encoded, check_metadata};
+use super::codec::{Codec, Encoded, check_metadata, ipc_file_writer};
 use super::{StateLayout, StateMetrics, StateStore, StoreKind, snapshot_interval};
 use crate::config::MIN_BATCHES_TO_RETAIN;
 use crate::error::{Error, Result};
@@ -224,13 +223,7 @@ impl FileBatch {
 
 /// A writer of delta and snapshot files.
 fn file_writer<W: Write>(out: W) -> Result<FileWriter<W>> {
-    let options =
-        IpcWriteOptions::default().try_with_compression(Some(CompressionType::LZ4_FRAME))?;
-    Ok(FileWriter::try_new_with_options(
-        out,
-        &file_schema(),
-        options,
-    )?)
+    ipc_file_writer(out, &file_schema())
 }
 
 /// A delta record that evicts every entry at or before its time.

@@ -12,8 +12,10 @@
 //!   buckets; made durable by one delta file per version and a snapshot every
 //!   [`SNAPSHOT_INTERVAL`] versions;
 //! - [`kv::KvState`] over `rocks::RocksBackend` (`state_store = 'rocksdb'`, cargo feature
-//!   `rocksdb`): a RocksDB database on disk, made durable by one RocksDB checkpoint per
-//!   version, so memory stays bounded however many keys the state holds.
+//!   `rocksdb`): a RocksDB database on disk, ordered by time where eviction allows it, made
+//!   durable by one changelog file per version and a RocksDB checkpoint every
+//!   [`SNAPSHOT_INTERVAL`] versions, so memory stays bounded however many keys the state
+//!   holds.
 //!
 //! The operator reads only what a batch needs: the stored rows of the keys it touched
 //! ([`StateStore::get`]), the sessions of its group keys ([`StateStore::get_groups`]), the
@@ -48,8 +50,11 @@ pub fn snapshot_interval() -> u64 {
         .unwrap_or(SNAPSHOT_INTERVAL)
 }
 
-/// The version of the on-disk state encoding.
-pub const STATE_FORMAT_VERSION: u32 = 2;
+/// The version of the on-disk state encoding of the memory store.
+pub const MEMORY_FORMAT_VERSION: u32 = 2;
+/// The version of the on-disk state of the RocksDB store (3: changelogs between RocksDB
+/// checkpoints, rows ordered by time where they can be).
+pub const ROCKSDB_FORMAT_VERSION: u32 = 3;
 
 /// What a commit changed, for progress reports.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -107,6 +112,14 @@ impl StoreKind {
             StoreKind::Rocksdb => "rocksdb",
         }
     }
+
+    /// The version of the store's on-disk format.
+    pub fn format_version(self) -> u32 {
+        match self {
+            StoreKind::Memory => MEMORY_FORMAT_VERSION,
+            StoreKind::Rocksdb => ROCKSDB_FORMAT_VERSION,
+        }
+    }
 }
 
 /// The shape of an operator's state rows.
@@ -123,6 +136,17 @@ pub struct StateLayout {
     pub time_column: Option<usize>,
     /// Keys are spread over this many partitions, fixed by the checkpoint.
     pub partitions: usize,
+    /// Whether the operator looks rows up by group ([`StateStore::get_groups`]: sessions,
+    /// join sides). Without it a store may order rows by time rather than by key.
+    pub group_lookups: bool,
+}
+
+impl StateLayout {
+    /// Whether rows can be ordered by time first: their time is part of the key, and
+    /// nobody looks them up by group.
+    pub fn orders_by_time(&self) -> bool {
+        self.time_column.is_some_and(|c| c < self.key_columns) && !self.group_lookups
+    }
 }
 
 /// Opens the store of kind `kind` in `dir` (the operator's state directory).
@@ -151,11 +175,9 @@ pub fn dump(dir: &Path, version: u64) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         #[cfg(feature = "rocksdb")]
         StoreKind::Rocksdb => {
             use kv::Backend;
-            let mut out = Vec::new();
             let mut b = rocks::RocksBackend::new(dir)?;
             b.load(version)?;
-            b.scan_prefix(&[], &mut |k, v| out.push((k.to_vec(), v.to_vec())))?;
-            Ok(out)
+            kv::dump(&b)
         }
         #[cfg(not(feature = "rocksdb"))]
         StoreKind::Rocksdb => {

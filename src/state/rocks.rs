@@ -1,24 +1,33 @@
-//! The RocksDB state backend (cargo feature `rocksdb`, `state_store = 'rocksdb'`).
+//! The RocksDB state backend (cargo feature `rocksdb`, `state_store = 'rocksdb'`), made
+//! durable the way Spark's RocksDB store is with changelog checkpointing.
 //!
 //! Layout under `<checkpoint>/state/<operator>/rocksdb/`:
 //!
 //! ```text
-//! work/     the live database a run reads and writes (no WAL: it is rebuilt from a
-//!           version on every load, so nothing in it needs to survive a crash)
-//! <v>/      a RocksDB checkpoint of version v: hard links to the immutable SST files plus
-//!           copies of the small metadata files, created under .tmp-<v>-<uuid>/ and renamed
+//! work/          the live database a run reads and writes (no WAL: it is rebuilt from a
+//!                version on every load, so nothing in it needs to survive a crash)
+//! <v>.changelog  what version v changed: puts, deletes and range deletes in order, as
+//!                LZ4-compressed Arrow IPC (key, value, end), written atomically at commit
+//! <v>/           a RocksDB checkpoint of version v, every `snapshot_interval()` versions:
+//!                hard links to the immutable SST files plus copies of the small metadata
+//!                files, created under .tmp-<v>-<uuid>/ after the batch's commit log, and
+//!                renamed
 //! ```
 //!
-//! Keys: `d ++ key` → value, `t ++ time ++ key` → empty (the time index), and `m:count`,
-//! the number of entries. Loading version `v` rebuilds `work/` from `<v>/` (SST files are
-//! hard-linked, not copied), so a load costs the metadata files, not the state's size.
-//! Memory is bounded by the block cache and the memtables, whatever the number of keys.
-//! A batch reads with one sorted, batched `MultiGet` and writes through `WriteBatch`es;
-//! the time index is written when a key is new, and removed with it.
+//! A commit writes the batch's changelog and nothing else: the memtables are flushed when
+//! they fill or when a checkpoint is taken, not every batch, so lookups meet few small
+//! files. Loading version `v` rebuilds `work/` from the newest checkpoint at or before `v`
+//! (SST files are hard-linked, not copied) and replays the changelogs after it. Memory is
+//! bounded by the block cache and the memtables, whatever the number of keys. A batch reads
+//! with one sorted, batched `MultiGet` and writes through `WriteBatch`es.
 
-use std::collections::HashMap;
+use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BinaryBuilder, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::ipc::reader::FileReader;
 use rocksdb::checkpoint::Checkpoint;
 use rocksdb::{
     BlockBasedIndexType, BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DB,
@@ -26,31 +35,32 @@ use rocksdb::{
     WriteBatch, WriteOptions,
 };
 
-use super::kv::{Backend, Changes, time_bytes};
+use super::codec::ipc_file_writer;
+use super::kv::{Backend, Op};
+use super::snapshot_interval;
 use crate::config::MIN_BATCHES_TO_RETAIN;
 use crate::error::{Error, Result};
-use crate::fsutil::{create_dir_all, numbered, sync_dir};
+use crate::fsutil::{create_dir_all, numbered, sync_dir, write_atomic};
 
-const DATA: u8 = b'd';
-const TIME: u8 = b't';
-const COUNT_KEY: &[u8] = b"m:count";
 /// Block cache per store.
 const BLOCK_CACHE_BYTES: usize = 64 << 20;
 /// Memtable size; two at most.
-const WRITE_BUFFER_BYTES: usize = 32 << 20;
+const WRITE_BUFFER_BYTES: usize = 64 << 20;
 /// Changes go to the database in write batches of about this size.
 const WRITE_BATCH_BYTES: usize = 4 << 20;
+const CHANGELOG: &str = ".changelog";
 
 /// See the module documentation.
 pub struct RocksBackend {
     root: PathBuf,
     db: Option<DB>,
     opts: Options,
-    count: u64,
     /// The version `work/` holds, if it holds one unchanged since.
     clean_version: Option<u64>,
     /// The last version committed or loaded.
     version: u64,
+    /// The changes since the last commit or load, for the next changelog.
+    changes: Changelog,
 }
 
 fn rocks_err(what: &str, e: rocksdb::Error) -> Error {
@@ -62,6 +72,80 @@ fn rocks_err(what: &str, e: rocksdb::Error) -> Error {
 
 fn io(what: String) -> impl FnOnce(std::io::Error) -> Error {
     move |e| Error::io(what, e)
+}
+
+/// The changes of one version, as they are written to its changelog file: a put has a
+/// value, a delete has neither value nor end, a range delete has an end.
+#[derive(Default)]
+struct Changelog {
+    keys: BinaryBuilder,
+    values: BinaryBuilder,
+    ends: BinaryBuilder,
+}
+
+impl Changelog {
+    fn schema() -> Schema {
+        Schema::new(vec![
+            Field::new("key", DataType::Binary, false),
+            Field::new("value", DataType::Binary, true),
+            Field::new("end", DataType::Binary, true),
+        ])
+    }
+
+    fn push(&mut self, op: &Op) {
+        let (key, value, end) = match op {
+            Op::Put(k, v) => (k, Some(v), None),
+            Op::Delete(k) => (k, None, None),
+            Op::DeleteRange(from, to) => (from, None, Some(to)),
+        };
+        self.keys.append_value(key);
+        self.values.append_option(value);
+        self.ends.append_option(end);
+    }
+
+    /// The file's bytes; empties the log.
+    fn finish(&mut self) -> Result<Vec<u8>> {
+        let batch = RecordBatch::try_new(
+            Arc::new(Self::schema()),
+            vec![
+                Arc::new(self.keys.finish()) as ArrayRef,
+                Arc::new(self.values.finish()),
+                Arc::new(self.ends.finish()),
+            ],
+        )?;
+        let mut buf = Vec::new();
+        let mut w = ipc_file_writer(&mut buf, &Self::schema())?;
+        w.write(&batch)?;
+        w.finish()?;
+        drop(w);
+        Ok(buf)
+    }
+
+    /// Calls `f` with every change of the changelog file `file`, in order.
+    fn read(file: &Path, f: &mut dyn FnMut(Op) -> Result<()>) -> Result<()> {
+        let fh =
+            File::open(file).map_err(|e| Error::io(format!("opening {}", file.display()), e))?;
+        let corrupt = || Error::Internal(format!("corrupt state changelog {}", file.display()));
+        for batch in FileReader::try_new(fh, None)? {
+            let batch = batch?;
+            if batch.num_columns() != 3 {
+                return Err(corrupt());
+            }
+            let col = |i: usize| batch.column(i).as_binary_opt::<i32>().ok_or_else(corrupt);
+            let (keys, values, ends) = (col(0)?, col(1)?, col(2)?);
+            for i in 0..batch.num_rows() {
+                let key = keys.value(i).to_vec();
+                f(if !values.is_null(i) {
+                    Op::Put(key, values.value(i).to_vec())
+                } else if !ends.is_null(i) {
+                    Op::DeleteRange(key, ends.value(i).to_vec())
+                } else {
+                    Op::Delete(key)
+                })?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl RocksBackend {
@@ -78,6 +162,10 @@ impl RocksBackend {
         opts.increase_parallelism(2);
         opts.set_max_background_jobs(4);
         opts.set_bytes_per_sync(1 << 20);
+        // A bloom filter over the memtables: most lookups of a batch are of keys that are
+        // not there (new groups), and are answered without a search of the skip list.
+        opts.set_memtable_prefix_bloom_ratio(0.1);
+        opts.set_memtable_whole_key_filtering(true);
         let mut table = BlockBasedOptions::default();
         table.set_block_cache(&Cache::new_lru_cache(BLOCK_CACHE_BYTES));
         // Index and filter blocks live in the block cache, partitioned into small blocks:
@@ -97,9 +185,9 @@ impl RocksBackend {
             root,
             db: None,
             opts,
-            count: 0,
             clean_version: None,
             version: 0,
+            changes: Changelog::default(),
         })
     }
 
@@ -111,6 +199,10 @@ impl RocksBackend {
 
     fn work(&self) -> PathBuf {
         self.root.join("work")
+    }
+
+    fn changelog(&self, version: u64) -> PathBuf {
+        self.root.join(format!("{version}{CHANGELOG}"))
     }
 
     /// The handle batched lookups need.
@@ -125,31 +217,10 @@ impl RocksBackend {
         w
     }
 
-    fn data_key(key: &[u8]) -> Vec<u8> {
-        let mut k = Vec::with_capacity(key.len() + 1);
-        k.push(DATA);
-        k.extend_from_slice(key);
-        k
-    }
-
-    fn time_key(time: i64, key: &[u8]) -> Vec<u8> {
-        let mut k = Vec::with_capacity(key.len() + 9);
-        k.push(TIME);
-        k.extend_from_slice(&time_bytes(time));
-        k.extend_from_slice(key);
-        k
-    }
-
     /// Rebuilds `work/` as a copy of version `v`'s checkpoint (SST files hard-linked).
     fn restore(&self, version: u64) -> Result<()> {
         let from = self.root.join(version.to_string());
         let to = self.work();
-        if !from.is_dir() {
-            return Err(Error::Internal(format!(
-                "state version {version} is missing ({})",
-                from.display()
-            )));
-        }
         create_dir_all(&to)?;
         let entries =
             std::fs::read_dir(&from).map_err(io(format!("reading {}", from.display())))?;
@@ -168,78 +239,93 @@ impl RocksBackend {
         Ok(())
     }
 
-    fn versions(&self) -> Vec<u64> {
+    /// The versions that have a checkpoint.
+    fn checkpoints(&self) -> Vec<u64> {
         numbered(&self.root, "").unwrap_or_default()
     }
-}
 
-/// Writes in batches of [`WRITE_BATCH_BYTES`], without the write-ahead log.
-struct Batcher<'a> {
-    db: &'a DB,
-    batch: WriteBatch,
-}
-
-impl<'a> Batcher<'a> {
-    fn new(db: &'a DB) -> Self {
-        Batcher {
-            db,
-            batch: WriteBatch::default(),
+    /// Applies `ops` to the live database, in write batches of about [`WRITE_BATCH_BYTES`].
+    fn apply(db: &DB, ops: &[Op]) -> Result<()> {
+        let mut batch = WriteBatch::default();
+        for op in ops {
+            match op {
+                Op::Put(k, v) => batch.put(k, v),
+                Op::Delete(k) => batch.delete(k),
+                Op::DeleteRange(from, to) => batch.delete_range(from, to),
+            }
+            if batch.size_in_bytes() >= WRITE_BATCH_BYTES {
+                db.write_opt(std::mem::take(&mut batch), &Self::write_opts())
+                    .map_err(|e| rocks_err("writing", e))?;
+            }
         }
-    }
-
-    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
-        self.batch.put(key, value);
-        self.flush_if_full()
-    }
-
-    fn delete(&mut self, key: &[u8]) -> Result<()> {
-        self.batch.delete(key);
-        self.flush_if_full()
-    }
-
-    fn flush_if_full(&mut self) -> Result<()> {
-        if self.batch.size_in_bytes() >= WRITE_BATCH_BYTES {
-            self.finish()?;
+        if !batch.is_empty() {
+            db.write_opt(batch, &Self::write_opts())
+                .map_err(|e| rocks_err("writing", e))?;
         }
         Ok(())
     }
 
-    fn finish(&mut self) -> Result<()> {
-        if self.batch.is_empty() {
+    /// Takes a checkpoint of `work/` as version `self.version`, unless one exists.
+    fn checkpoint(&self) -> Result<()> {
+        let version = self.version;
+        let target = self.root.join(version.to_string());
+        if target.exists() {
             return Ok(());
         }
-        let batch = std::mem::take(&mut self.batch);
-        self.db
-            .write_opt(batch, &RocksBackend::write_opts())
-            .map_err(|e| rocks_err("writing", e))
+        let tmp = self
+            .root
+            .join(format!(".tmp-{version}-{}", uuid::Uuid::new_v4().simple()));
+        // Flushes the memtables, then links the SST files.
+        Checkpoint::new(self.db()?)
+            .and_then(|c| c.create_checkpoint(&tmp))
+            .map_err(|e| rocks_err("creating a checkpoint", e))?;
+        sync_dir(&tmp)?;
+        crate::testing::crash_point("mid_state_snapshot");
+        std::fs::rename(&tmp, &target).map_err(io(format!("renaming to {}", target.display())))?;
+        sync_dir(&self.root)
     }
 }
 
 impl Backend for RocksBackend {
     fn load(&mut self, version: u64) -> Result<()> {
+        self.changes = Changelog::default();
         if self.db.is_some() && self.clean_version == Some(version) {
             return Ok(());
         }
         self.db = None;
+        self.clean_version = None;
         let work = self.work();
         if work.exists() {
             std::fs::remove_dir_all(&work).map_err(io(format!("removing {}", work.display())))?;
         }
-        if version > 0 {
-            self.restore(version)?;
+        let base = self
+            .checkpoints()
+            .into_iter()
+            .filter(|&v| v <= version)
+            .max()
+            .unwrap_or(0);
+        if base > 0 {
+            self.restore(base)?;
         }
         // Named explicitly so that `cf_handle` finds it (batched lookups need a handle).
         let cf = ColumnFamilyDescriptor::new(DEFAULT_COLUMN_FAMILY_NAME, self.opts.clone());
         let db = DB::open_cf_descriptors(&self.opts, &work, [cf])
             .map_err(|e| rocks_err("opening state", e))?;
-        self.count = match db.get(COUNT_KEY).map_err(|e| rocks_err("reading", e))? {
-            Some(v) => u64::from_be_bytes(
-                v.as_slice()
-                    .try_into()
-                    .map_err(|_| Error::Internal("corrupt rocksdb state count".into()))?,
-            ),
-            None => 0,
-        };
+        for v in base + 1..=version {
+            let file = self.changelog(v);
+            if !file.exists() {
+                return Err(Error::Internal(format!(
+                    "state version {v} is missing ({})",
+                    file.display()
+                )));
+            }
+            let mut ops = Vec::new();
+            Changelog::read(&file, &mut |op| {
+                ops.push(op);
+                Ok(())
+            })?;
+            Self::apply(&db, &ops)?;
+        }
         self.db = Some(db);
         self.clean_version = Some(version);
         self.version = version;
@@ -248,9 +334,7 @@ impl Backend for RocksBackend {
 
     fn multi_get(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
         let db = self.db()?;
-        let keys: Vec<Vec<u8>> = keys.iter().map(|k| Self::data_key(k)).collect();
-        let sorted = keys.is_sorted();
-        db.batched_multi_get_cf(Self::default_cf(db)?, &keys, sorted)
+        db.batched_multi_get_cf(Self::default_cf(db)?, keys, true)
             .into_iter()
             .map(|r| {
                 r.map(|v| v.map(|v| v.to_vec()))
@@ -259,130 +343,32 @@ impl Backend for RocksBackend {
             .collect()
     }
 
-    fn scan_prefix(&self, prefix: &[u8], f: &mut dyn FnMut(&[u8], &[u8])) -> Result<()> {
-        let db = self.db()?;
-        let start = Self::data_key(prefix);
-        for item in db.iterator(IteratorMode::From(&start, Direction::Forward)) {
-            let (k, v) = item.map_err(|e| rocks_err("scanning", e))?;
-            if !k.starts_with(&start) {
-                break;
-            }
-            f(&k[1..], &v);
-        }
-        Ok(())
-    }
-
-    fn scan_time(&self, upto: i64, f: &mut dyn FnMut(&[u8])) -> Result<()> {
+    fn scan(&self, from: &[u8], to: Option<&[u8]>, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<()> {
         let db = self.db()?;
         let mut read = ReadOptions::default();
-        read.set_iterate_upper_bound(match upto.checked_add(1) {
-            Some(next) => Self::time_key(next, &[]),
-            None => vec![TIME + 1],
-        });
-        for item in db.iterator_opt(IteratorMode::From(&[TIME], Direction::Forward), read) {
-            let (k, _) = item.map_err(|e| rocks_err("scanning", e))?;
-            if k.first() != Some(&TIME) || k.len() < 9 {
-                break;
-            }
-            f(&k[9..]);
+        if let Some(to) = to {
+            read.set_iterate_upper_bound(to.to_vec());
+        }
+        for item in db.iterator_opt(IteratorMode::From(from, Direction::Forward), read) {
+            let (k, v) = item.map_err(|e| rocks_err("scanning", e))?;
+            f(&k, &v);
         }
         Ok(())
     }
 
-    fn write(&mut self, changes: Changes) -> Result<u64> {
+    fn write(&mut self, ops: Vec<Op>) -> Result<()> {
         self.clean_version = None;
-        let db = self.db()?;
-        // Which keys exist: one sorted, batched lookup for the whole change set. The entry
-        // count needs it, and the time index is written only for keys that are new.
-        let mut keys: Vec<Vec<u8>> = changes
-            .deletes
-            .iter()
-            .map(|(k, _)| Self::data_key(k))
-            .chain(changes.puts.iter().map(|(k, _, _)| Self::data_key(k)))
-            .collect();
-        keys.sort_unstable();
-        keys.dedup();
-        let cf = Self::default_cf(db)?;
-        let mut present: HashMap<&[u8], bool> = HashMap::with_capacity(keys.len());
-        for (k, found) in keys.iter().zip(db.batched_multi_get_cf(cf, &keys, true)) {
-            let found = found.map_err(|e| rocks_err("reading", e))?.is_some();
-            present.insert(&k[1..], found);
+        Self::apply(self.db()?, &ops)?;
+        for op in &ops {
+            self.changes.push(op);
         }
-        let mut batch = Batcher::new(db);
-        let mut removed = 0;
-        for (key, time) in &changes.deletes {
-            let Some(p) = present.get_mut(key.as_slice()).filter(|p| **p) else {
-                continue;
-            };
-            *p = false;
-            removed += 1;
-            batch.delete(&Self::data_key(key))?;
-            if let Some(t) = time {
-                batch.delete(&Self::time_key(*t, key))?;
-            }
-        }
-        let mut added = 0;
-        for (key, value, time) in &changes.puts {
-            batch.put(&Self::data_key(key), value)?;
-            let Some(p) = present.get_mut(key.as_slice()).filter(|p| !**p) else {
-                continue;
-            };
-            *p = true;
-            added += 1;
-            if let Some(t) = time {
-                batch.put(&Self::time_key(*t, key), &[])?;
-            }
-        }
-        batch.finish()?;
-        self.count = self.count + added - removed;
-        Ok(removed)
-    }
-
-    fn evict(&mut self, upto: i64, keys: &[Vec<u8>]) -> Result<u64> {
-        self.clean_version = None;
-        let db = self.db()?;
-        let mut batch = Batcher::new(db);
-        for key in keys {
-            batch.delete(&Self::data_key(key))?;
-        }
-        // One range tombstone for the time index, instead of one per key that later
-        // scans of the index would step over.
-        let end = match upto.checked_add(1) {
-            Some(next) => Self::time_key(next, &[]),
-            None => vec![TIME + 1],
-        };
-        batch.batch.delete_range(vec![TIME], end);
-        batch.finish()?;
-        let removed = keys.len() as u64;
-        self.count -= removed.min(self.count);
-        Ok(removed)
-    }
-
-    fn entries(&self) -> u64 {
-        self.count
+        Ok(())
     }
 
     fn commit(&mut self, version: u64) -> Result<u64> {
+        let log = self.changes.finish()?;
+        write_atomic(&self.changelog(version), &log)?;
         let db = self.db()?;
-        db.put_opt(COUNT_KEY, self.count.to_be_bytes(), &Self::write_opts())
-            .map_err(|e| rocks_err("writing", e))?;
-        let tmp = self
-            .root
-            .join(format!(".tmp-{version}-{}", uuid::Uuid::new_v4().simple()));
-        // Flushes the memtables, then links the SST files.
-        Checkpoint::new(db)
-            .and_then(|c| c.create_checkpoint(&tmp))
-            .map_err(|e| rocks_err("creating a checkpoint", e))?;
-        sync_dir(&tmp)?;
-        crate::testing::crash_point("mid_state_snapshot");
-        let target = self.root.join(version.to_string());
-        if target.exists() {
-            // A replayed batch recomputes a version that was never in a commit log.
-            std::fs::remove_dir_all(&target)
-                .map_err(io(format!("removing {}", target.display())))?;
-        }
-        std::fs::rename(&tmp, &target).map_err(io(format!("renaming to {}", target.display())))?;
-        sync_dir(&self.root)?;
         let prop = |name: &str| db.property_int_value(name).ok().flatten().unwrap_or(0);
         let memory = prop("rocksdb.cur-size-all-mem-tables")
             + prop("rocksdb.estimate-table-readers-mem")
@@ -393,17 +379,41 @@ impl Backend for RocksBackend {
     }
 
     fn maintain(&mut self) -> Result<()> {
-        let keep_from = self.version.saturating_sub(MIN_BATCHES_TO_RETAIN);
-        for v in self.versions().into_iter().filter(|&v| v < keep_from) {
-            let _ = std::fs::remove_dir_all(self.root.join(v.to_string()));
+        let version = self.version;
+        if version > 0
+            && version.is_multiple_of(snapshot_interval())
+            && self.clean_version == Some(version)
+        {
+            self.checkpoint()?;
         }
-        // Temporary checkpoints of a crashed commit.
+        // Temporary checkpoints of a crashed run.
         if let Ok(entries) = std::fs::read_dir(&self.root) {
             for e in entries.flatten() {
                 if e.file_name().to_string_lossy().starts_with(".tmp-") {
                     let _ = std::fs::remove_dir_all(e.path());
                 }
             }
+        }
+        // Keep what loading any of the last MIN_BATCHES_TO_RETAIN versions needs: the
+        // newest checkpoint at or before the oldest of them, and the changelogs after it.
+        let oldest = version.saturating_sub(MIN_BATCHES_TO_RETAIN);
+        let Some(base) = self
+            .checkpoints()
+            .into_iter()
+            .filter(|&v| v <= oldest)
+            .max()
+        else {
+            return Ok(());
+        };
+        for v in self.checkpoints().into_iter().filter(|&v| v < base) {
+            let _ = std::fs::remove_dir_all(self.root.join(v.to_string()));
+        }
+        for v in numbered(&self.root, CHANGELOG)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|&v| v <= base)
+        {
+            let _ = std::fs::remove_file(self.changelog(v));
         }
         Ok(())
     }

@@ -10,7 +10,9 @@ use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, TimeUnit}
 use super::{StateLayout, StoreKind, open};
 
 /// State rows `(start, end, k, n)`: a window, a group key and a value.
-fn layout(partitions: usize) -> StateLayout {
+/// `grouped`: whether the operator looks rows up by group (the RocksDB store then keeps
+/// them ordered by key, with a time index, rather than by time).
+fn layout(partitions: usize, grouped: bool) -> StateLayout {
     let ts = DataType::Timestamp(TimeUnit::Microsecond, None);
     StateLayout {
         schema: Arc::new(Schema::new(vec![
@@ -23,12 +25,13 @@ fn layout(partitions: usize) -> StateLayout {
         window_columns: 2,
         time_column: Some(1),
         partitions,
+        group_lookups: grouped,
     }
 }
 
 fn rows(r: &[(i64, &str, i64)]) -> RecordBatch {
     RecordBatch::try_new(
-        layout(1).schema,
+        layout(1, false).schema,
         vec![
             Arc::new(TimestampMicrosecondArray::from(
                 r.iter().map(|x| x.0).collect::<Vec<_>>(),
@@ -67,12 +70,20 @@ fn kinds() -> Vec<StoreKind> {
     k
 }
 
+/// Every store, with rows looked up by group or not (the two layouts of the RocksDB store).
+fn cases() -> Vec<(StoreKind, bool)> {
+    kinds()
+        .into_iter()
+        .flat_map(|k| [(k, false), (k, true)])
+        .collect()
+}
+
 #[test]
 fn versions_survive_reopening_and_replays_start_from_the_right_one() {
-    for kind in kinds() {
+    for (kind, grouped) in cases() {
         let dir = tempfile::tempdir().unwrap();
         let none = rows(&[]);
-        let mut s = open(kind, dir.path(), layout(4)).unwrap();
+        let mut s = open(kind, dir.path(), layout(4, grouped)).unwrap();
         s.load(0).unwrap();
         s.apply(&rows(&[(0, "a", 1), (0, "b", 2), (10, "c", 3)]), &none)
             .unwrap();
@@ -80,7 +91,7 @@ fn versions_survive_reopening_and_replays_start_from_the_right_one() {
         assert_eq!(
             (m.rows_total, m.rows_updated, m.rows_removed),
             (3, 3, 0),
-            "{kind:?}"
+            "{kind:?} grouped={grouped}"
         );
         s.maintain().unwrap();
         s.apply(&rows(&[(0, "b", 20)]), &rows(&[(0, "a", 0)]))
@@ -89,55 +100,65 @@ fn versions_survive_reopening_and_replays_start_from_the_right_one() {
         assert_eq!(
             (m.rows_total, m.rows_updated, m.rows_removed),
             (2, 1, 1),
-            "{kind:?}"
+            "{kind:?} grouped={grouped}"
         );
         // Version 3 is written by a batch that then "crashes": a reload of 2 ignores it.
         s.apply(&rows(&[(20, "z", 9)]), &none).unwrap();
         s.commit(3).unwrap();
         drop(s);
 
-        let mut r = open(kind, dir.path(), layout(4)).unwrap();
+        let mut r = open(kind, dir.path(), layout(4, grouped)).unwrap();
         r.load(2).unwrap();
         assert_eq!(
             contents(&r.rows().unwrap()),
             vec![(0, "b".into(), 20), (10, "c".into(), 3)],
-            "{kind:?}"
+            "{kind:?} grouped={grouped}"
         );
         r.load(1).unwrap();
         assert_eq!(
             contents(&r.rows().unwrap()),
             vec![(0, "a".into(), 1), (0, "b".into(), 2), (10, "c".into(), 3)],
-            "{kind:?}"
+            "{kind:?} grouped={grouped}"
         );
         // Lookups by key, by group, and by time.
         let got = r
             .get(&rows(&[(0, "b", 0), (0, "x", 0), (10, "b", 0)]))
             .unwrap();
-        assert_eq!(contents(&[got]), vec![(0, "b".into(), 2)], "{kind:?}");
-        r.apply(&rows(&[(30, "b", 7)]), &none).unwrap();
-        let got = r.get_groups(&rows(&[(99, "b", 0)])).unwrap();
         assert_eq!(
             contents(&[got]),
-            vec![(0, "b".into(), 2), (30, "b".into(), 7)],
-            "{kind:?}"
+            vec![(0, "b".into(), 2)],
+            "{kind:?} grouped={grouped}"
         );
+        r.apply(&rows(&[(30, "b", 7)]), &none).unwrap();
+        if grouped || kind == StoreKind::Memory {
+            let got = r.get_groups(&rows(&[(99, "b", 0)])).unwrap();
+            assert_eq!(
+                contents(&[got]),
+                vec![(0, "b".into(), 2), (30, "b".into(), 7)],
+                "{kind:?} grouped={grouped}"
+            );
+        }
         // Ends are start + 10: 10, 10, 20, 40.
         let got = r.expired(10).unwrap();
         assert_eq!(
             contents(&[got]),
             vec![(0, "a".into(), 1), (0, "b".into(), 2)],
-            "{kind:?}"
+            "{kind:?} grouped={grouped}"
         );
-        assert_eq!(r.expired(9).unwrap().num_rows(), 0, "{kind:?}");
+        assert_eq!(
+            r.expired(9).unwrap().num_rows(),
+            0,
+            "{kind:?} grouped={grouped}"
+        );
     }
 }
 
 #[test]
 fn counts_and_the_time_index_follow_updates_removals_and_re_insertions() {
-    for kind in kinds() {
+    for (kind, grouped) in cases() {
         let dir = tempfile::tempdir().unwrap();
         let none = rows(&[]);
-        let mut s = open(kind, dir.path(), layout(3)).unwrap();
+        let mut s = open(kind, dir.path(), layout(3, grouped)).unwrap();
         s.load(0).unwrap();
         s.apply(&rows(&[(0, "a", 1), (0, "b", 1), (50, "c", 1)]), &none)
             .unwrap();
@@ -149,38 +170,54 @@ fn counts_and_the_time_index_follow_updates_removals_and_re_insertions() {
         s.apply(&rows(&[(0, "b", 5)]), &rows(&[(0, "b", 0)]))
             .unwrap();
         let m = s.commit(1).unwrap();
-        assert_eq!((m.rows_total, m.rows_removed), (3, 1), "{kind:?}");
+        assert_eq!(
+            (m.rows_total, m.rows_removed),
+            (3, 1),
+            "{kind:?} grouped={grouped}"
+        );
         // Each key once in the time index, whatever the number of writes.
         assert_eq!(
             contents(&[s.expired(10).unwrap()]),
             vec![(0, "a".into(), 3), (0, "b".into(), 5)],
-            "{kind:?}"
+            "{kind:?} grouped={grouped}"
         );
         s.apply(&none, &s.expired(10).unwrap()).unwrap();
         let m = s.commit(2).unwrap();
-        assert_eq!((m.rows_total, m.rows_removed), (1, 2), "{kind:?}");
-        assert_eq!(s.expired(100).unwrap().num_rows(), 1, "{kind:?}");
+        assert_eq!(
+            (m.rows_total, m.rows_removed),
+            (1, 2),
+            "{kind:?} grouped={grouped}"
+        );
+        assert_eq!(
+            s.expired(100).unwrap().num_rows(),
+            1,
+            "{kind:?} grouped={grouped}"
+        );
         drop(s);
-        let mut r = open(kind, dir.path(), layout(3)).unwrap();
+        let mut r = open(kind, dir.path(), layout(3, grouped)).unwrap();
         r.load(2).unwrap();
-        assert_eq!(r.expired(10).unwrap().num_rows(), 0, "{kind:?}");
+        assert_eq!(
+            r.expired(10).unwrap().num_rows(),
+            0,
+            "{kind:?} grouped={grouped}"
+        );
         r.apply(&rows(&[(0, "a", 9)]), &none).unwrap();
         let m = r.commit(3).unwrap();
-        assert_eq!(m.rows_total, 2, "{kind:?}");
+        assert_eq!(m.rows_total, 2, "{kind:?} grouped={grouped}");
         assert_eq!(
             contents(&[r.expired(10).unwrap()]),
             vec![(0, "a".into(), 9)],
-            "{kind:?}"
+            "{kind:?} grouped={grouped}"
         );
     }
 }
 
 #[test]
 fn snapshots_are_used_and_partitions_and_store_are_fixed() {
-    for kind in kinds() {
+    for (kind, grouped) in cases() {
         let dir = tempfile::tempdir().unwrap();
         let none = rows(&[]);
-        let mut s = open(kind, dir.path(), layout(2)).unwrap();
+        let mut s = open(kind, dir.path(), layout(2, grouped)).unwrap();
         s.load(0).unwrap();
         for v in 1..=25 {
             s.apply(&rows(&[(0, "k", v), (v, "t", v)]), &none).unwrap();
@@ -188,16 +225,21 @@ fn snapshots_are_used_and_partitions_and_store_are_fixed() {
             s.maintain().unwrap();
         }
         drop(s);
-        if kind == StoreKind::Memory {
-            // Versions 1..=19 are only reachable through the snapshot of 10 and 20.
-            std::fs::remove_file(dir.path().join("5.delta")).unwrap();
-        }
-        let mut r = open(kind, dir.path(), layout(2)).unwrap();
+        // Version 5 is only needed to load versions before the snapshot of 10.
+        let delta = match kind {
+            StoreKind::Memory => dir.path().join("5.delta"),
+            StoreKind::Rocksdb => dir.path().join("rocksdb/5.changelog"),
+        };
+        std::fs::remove_file(delta).unwrap();
+        let mut r = open(kind, dir.path(), layout(2, grouped)).unwrap();
         r.load(25).unwrap();
         let all = contents(&r.rows().unwrap());
-        assert_eq!(all.len(), 26, "{kind:?}");
-        assert!(all.contains(&(0, "k".into(), 25)), "{kind:?}");
-        let e = open(kind, dir.path(), layout(4))
+        assert_eq!(all.len(), 26, "{kind:?} grouped={grouped}");
+        assert!(
+            all.contains(&(0, "k".into(), 25)),
+            "{kind:?} grouped={grouped}"
+        );
+        let e = open(kind, dir.path(), layout(4, grouped))
             .err()
             .expect("other partition count refused");
         assert_eq!(e.sqlstate().code(), "55000");
@@ -205,8 +247,8 @@ fn snapshots_are_used_and_partitions_and_store_are_fixed() {
     }
     if cfg!(feature = "rocksdb") {
         let dir = tempfile::tempdir().unwrap();
-        open(StoreKind::Memory, dir.path(), layout(2)).unwrap();
-        let e = open(StoreKind::Rocksdb, dir.path(), layout(2))
+        open(StoreKind::Memory, dir.path(), layout(2, false)).unwrap();
+        let e = open(StoreKind::Rocksdb, dir.path(), layout(2, false))
             .err()
             .expect("other store refused");
         assert!(e.to_string().contains("state_store 'memory'"), "{e}");
@@ -229,7 +271,7 @@ impl Rng {
 }
 
 /// State rows `(start, end, k, s)` with a text value, whose length changes on update.
-fn text_layout() -> StateLayout {
+fn text_layout(grouped: bool) -> StateLayout {
     let ts = DataType::Timestamp(TimeUnit::Microsecond, None);
     StateLayout {
         schema: Arc::new(Schema::new(vec![
@@ -242,6 +284,7 @@ fn text_layout() -> StateLayout {
         window_columns: 2,
         time_column: Some(1),
         partitions: 3,
+        group_lookups: grouped,
     }
 }
 
@@ -249,7 +292,7 @@ type Model = std::collections::BTreeMap<(i64, String), String>;
 
 fn text_rows(r: &[(i64, String, String)]) -> RecordBatch {
     RecordBatch::try_new(
-        text_layout().schema,
+        text_layout(false).schema,
         vec![
             Arc::new(TimestampMicrosecondArray::from(
                 r.iter().map(|x| x.0).collect::<Vec<_>>(),
@@ -293,10 +336,10 @@ const WINDOW: i64 = 20_000_000;
 /// from disk: the same for every store.
 #[test]
 fn random_changes_match_a_map_at_every_version() {
-    for kind in kinds() {
+    for (kind, grouped) in cases() {
         let dir = tempfile::tempdir().unwrap();
         let mut rng = Rng(0x9e3779b97f4a7c15);
-        let mut s = open(kind, dir.path(), text_layout()).unwrap();
+        let mut s = open(kind, dir.path(), text_layout(grouped)).unwrap();
         s.load(0).unwrap();
         let mut model = Model::new();
         let mut versions: Vec<Model> = vec![Model::new()];
@@ -359,7 +402,11 @@ fn random_changes_match_a_map_at_every_version() {
                     .collect();
                 assert_eq!(evicted, want, "{kind:?} evicted at version {v}");
                 model.retain(|(start, _), _| start + WINDOW > wm);
-                assert_eq!(s.expired(wm).unwrap().num_rows(), 0, "{kind:?}");
+                assert_eq!(
+                    s.expired(wm).unwrap().num_rows(),
+                    0,
+                    "{kind:?} grouped={grouped}"
+                );
             }
             let m = s.commit(v).unwrap();
             assert_eq!(
@@ -378,7 +425,7 @@ fn random_changes_match_a_map_at_every_version() {
             if rng.below(25) == 0 {
                 drop(s);
                 let back = rng.below(8).min(v);
-                s = open(kind, dir.path(), text_layout()).unwrap();
+                s = open(kind, dir.path(), text_layout(grouped)).unwrap();
                 s.load(v - back).unwrap();
                 assert_eq!(
                     text_contents(&s.rows().unwrap()),
@@ -404,7 +451,7 @@ fn sessions_are_found_by_group() {
     for kind in kinds() {
         let dir = tempfile::tempdir().unwrap();
         let none = rows(&[]);
-        let mut s = open(kind, dir.path(), layout(2)).unwrap();
+        let mut s = open(kind, dir.path(), layout(2, true)).unwrap();
         s.load(0).unwrap();
         s.apply(&rows(&[(0, "a", 1), (100, "a", 2), (0, "b", 3)]), &none)
             .unwrap();
@@ -426,7 +473,7 @@ fn sessions_are_found_by_group() {
         );
         s.commit(1).unwrap();
         drop(s);
-        let mut r = open(kind, dir.path(), layout(2)).unwrap();
+        let mut r = open(kind, dir.path(), layout(2, true)).unwrap();
         r.load(1).unwrap();
         let got = r.get_groups(&rows(&[(7, "a", 0)])).unwrap();
         assert_eq!(contents(&[got]), vec![(0, "a".into(), 3)], "{kind:?}");
