@@ -404,9 +404,12 @@ impl<B: Backend> StateStore for KvState<B> {
         }
         let values = self.codec.values(rows)?;
         for ((key, time), value) in puts.into_iter().zip(values.iter()) {
-            let p = known.entry(key.clone()).or_insert(false);
-            if !*p {
-                *p = true;
+            // `presence` put every key in the map, so this clones only in theory.
+            let was_there = match known.get_mut(&key) {
+                Some(p) => std::mem::replace(p, true),
+                None => known.insert(key.clone(), true).unwrap_or(false),
+            };
+            if !was_there {
                 added += 1;
                 if let (true, Some(t)) = (indexed, time) {
                     ops.push(Op::Put(prefixed(TIME, Some(t), codec_key(&key)), vec![]));

@@ -397,15 +397,11 @@ impl Backend for RocksBackend {
         // Keep what loading any of the last MIN_BATCHES_TO_RETAIN versions needs: the
         // newest checkpoint at or before the oldest of them, and the changelogs after it.
         let oldest = version.saturating_sub(MIN_BATCHES_TO_RETAIN);
-        let Some(base) = self
-            .checkpoints()
-            .into_iter()
-            .filter(|&v| v <= oldest)
-            .max()
-        else {
+        let checkpoints = self.checkpoints();
+        let Some(base) = checkpoints.iter().copied().filter(|&v| v <= oldest).max() else {
             return Ok(());
         };
-        for v in self.checkpoints().into_iter().filter(|&v| v < base) {
+        for v in checkpoints.into_iter().filter(|&v| v < base) {
             let _ = std::fs::remove_dir_all(self.root.join(v.to_string()));
         }
         for v in numbered(&self.root, CHANGELOG)
