@@ -4,7 +4,8 @@
 //! statements are executed by the [`Engine`], the rest are passed, as the client wrote them,
 //! to datafusion-postgres's `DfSessionService`, which brings pg_catalog emulation (psql's
 //! `\d`), `SET`/`SHOW`, transactions and Arrow-to-wire encoding. Both the simple and the
-//! extended protocol go through here.
+//! extended protocol go through here. A read-only query without parameters is planned here
+//! instead, and its plan kept for the next run of the same text ([`plans`]).
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -14,8 +15,9 @@ use async_trait::async_trait;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::datasource::MemTable;
-use datafusion::logical_expr::{ColumnarValue, ScalarUDF, Volatility, create_udf};
+use datafusion::logical_expr::{ColumnarValue, LogicalPlan, ScalarUDF, Volatility, create_udf};
 use datafusion::scalar::ScalarValue;
+use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 use datafusion_postgres::DfSessionService;
 use datafusion_postgres::arrow_pg::datatypes::arrow_schema_to_pg_fields;
 use datafusion_postgres::arrow_pg::datatypes::df::encode_dataframe;
@@ -29,21 +31,23 @@ use pgwire::api::auth::noop::NoopStartupHandler;
 use pgwire::api::cancel::{CancelHandler, DefaultCancelHandler};
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
-use pgwire::api::results::{FieldInfo, Response, Tag};
+use pgwire::api::results::{FieldInfo, QueryResponse, Response, Tag};
 use pgwire::api::stmt::QueryParser;
 use pgwire::api::store::Entry;
 use pgwire::api::store::PortalStore;
 use pgwire::api::{ClientInfo, ClientPortalStore, ConnectionManager, PgWireServerHandlers, Type};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::PgWireBackendMessage;
-use pgwire::messages::data::{NoData, ParameterDescription};
+use pgwire::messages::data::{DataRow, NoData, ParameterDescription};
 use pgwire::messages::extendedquery::{Describe, TARGET_TYPE_BYTE_STATEMENT};
 use pgwire::messages::response::TransactionStatus;
+use pgwire::types::format::FormatOptions;
 use tokio::net::TcpListener;
 
 mod catalog;
 mod copy;
 mod insert;
+mod plans;
 mod rewrite;
 
 use crate::engine::{Engine, Output};
@@ -139,6 +143,7 @@ impl Handlers {
                 engine,
                 inner,
                 parser,
+                plans: plans::PlanCache::default(),
             }),
             startup: Arc::new(Startup {
                 connections: connections.clone(),
@@ -216,6 +221,59 @@ pub struct TidemarkService {
     engine: Arc<Engine>,
     inner: Arc<DfSessionService>,
     parser: Arc<TidemarkParser>,
+    /// Read-only queries' plans, kept for their next run.
+    plans: plans::PlanCache,
+}
+
+/// Whether the statement `sql` begins with `keyword`, in any case, after leading blanks
+/// (comments are not skipped: a false "no" only costs kept plans).
+fn starts_with_keyword(sql: &str, keyword: &str) -> bool {
+    let t = sql.trim_start();
+    t.len() > keyword.len()
+        && t.is_char_boundary(keyword.len())
+        && t[..keyword.len()].eq_ignore_ascii_case(keyword)
+        && t[keyword.len()..].starts_with(|c: char| c.is_whitespace())
+}
+
+/// The session's `statement_timeout`, as datafusion-postgres's `SET` stores it.
+fn statement_timeout<C: ClientInfo>(client: &C) -> Option<std::time::Duration> {
+    client
+        .metadata()
+        .get("statement_timeout_ms")
+        .and_then(|s| s.parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map(std::time::Duration::from_millis)
+}
+
+/// Runs a planned query, its rows encoded for the wire as they come.
+fn encode_plan<C: ClientInfo>(
+    client: &C,
+    ready: plans::Ready,
+    format: &Format,
+) -> PgWireResult<Response> {
+    use datafusion_postgres::arrow_pg::datatypes::encode_recordbatch;
+    use futures::StreamExt;
+    let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
+    let fields = Arc::new(arrow_schema_to_pg_fields(
+        &ready.schema,
+        format,
+        Some(options),
+    )?);
+    let batches = datafusion::physical_plan::execute_stream(ready.plan, ready.task)
+        .map_err(|e| classify_pg_error(PgWireError::ApiError(Box::new(e))))?;
+    let encode = fields.clone();
+    let rows = batches
+        .map(move |batch| {
+            let rows: Box<dyn Iterator<Item = PgWireResult<DataRow>> + Send + Sync> = match batch {
+                Ok(b) => encode_recordbatch(encode.clone(), b),
+                Err(e) => Box::new(std::iter::once(Err(classify_pg_error(
+                    PgWireError::ApiError(Box::new(e)),
+                )))),
+            };
+            futures::stream::iter(rows)
+        })
+        .flatten();
+    Ok(Response::Query(QueryResponse::new(fields, rows)))
 }
 
 /// Encodes an engine result for the wire.
@@ -236,6 +294,58 @@ async fn encode_output(engine: &Engine, output: Output, format: &Format) -> PgWi
 }
 
 impl TidemarkService {
+    /// Runs `sql` if it is one read-only query, through its kept plan if it has one
+    /// ([`plans`]). `planned` is its logical plan if the caller has it (the extended
+    /// protocol's statement); otherwise `sql` is parsed here. `None` if it is not such a
+    /// query, or is in a failed transaction block: the caller runs it as any other
+    /// statement (which also reports a syntax error).
+    async fn read<C: ClientInfo + Unpin + Send + Sync>(
+        &self,
+        client: &C,
+        sql: &str,
+        planned: Option<&LogicalPlan>,
+        format: &Format,
+    ) -> Option<PgWireResult<Response>> {
+        if client.transaction_status() == TransactionStatus::Error {
+            return None;
+        }
+        let ctx = self.engine.context();
+        let planned = async {
+            if let Some(ready) = self.plans.get(ctx, sql).await? {
+                return Ok(Some(ready));
+            }
+            if let Some(plan) = planned {
+                return self.plans.plan(ctx, sql, plan.clone()).await;
+            }
+            match self.parser.inner.parse_sql(client, sql, &[]).await {
+                Ok(Some((_, Some((SqlStatement::Query(_), plan))))) => {
+                    self.plans.plan(ctx, sql, plan).await
+                }
+                _ => Ok(None),
+            }
+        };
+        let planned = match statement_timeout(client) {
+            Some(limit) => match tokio::time::timeout(limit, planned).await {
+                Ok(p) => p,
+                Err(_) => {
+                    return Some(Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+                        "ERROR".into(),
+                        "57014".into(),
+                        "canceling statement due to statement timeout".into(),
+                    )))));
+                }
+            },
+            None => planned.await,
+        };
+        let ready = match planned {
+            Ok(Some(ready)) => ready,
+            Ok(None) => return None,
+            Err(e) => return Some(Err(classify_pg_error(PgWireError::ApiError(Box::new(e))))),
+        };
+        tracing::trace!(sql, kept = ready.kept, "read-only query");
+        Some(encode_plan(client, ready, format))
+    }
+
     async fn run_tidemark<C: ClientInfo>(
         &self,
         client: &C,
@@ -274,9 +384,20 @@ impl SimpleQueryHandler for TidemarkService {
         if pieces.iter().all(|p| matches!(p, Piece::Other(_))) {
             let rewritten = rewrite::rewrite_catalog_query(query);
             let query = rewritten.as_deref().unwrap_or(query);
-            return SimpleQueryHandler::do_query(self.inner.as_ref(), client, query)
+            if pieces.len() == 1
+                && let Some(response) = self.read(client, query, None, &Format::UnifiedText).await
+            {
+                return Ok(vec![response?]);
+            }
+            let out = SimpleQueryHandler::do_query(self.inner.as_ref(), client, query)
                 .await
                 .map_err(classify_pg_error);
+            // It may have changed the session or the catalog (an INSERT changes rows only,
+            // which kept plans read afresh: a writer beside a dashboard keeps its plans).
+            if !(pieces.len() == 1 && starts_with_keyword(query, "INSERT")) {
+                self.plans.invalidate();
+            }
+            return out;
         }
         // A mix: run in order, stop at the first error (as Postgres does).
         let mut results = Vec::new();
@@ -300,6 +421,7 @@ impl SimpleQueryHandler for TidemarkService {
                 }
             }
         }
+        self.plans.invalidate();
         Ok(results)
     }
 }
@@ -473,9 +595,11 @@ impl ExtendedQueryHandler for TidemarkService {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         if let Some(text) = tidemark_text(&portal.statement.statement) {
-            return self
+            let out = self
                 .run_tidemark(client, text, &portal.result_column_format)
                 .await;
+            self.plans.invalidate();
+            return out;
         }
         if let (_, Some((stmt, _))) = &portal.statement.statement
             && let Some(fast) =
@@ -486,8 +610,29 @@ impl ExtendedQueryHandler for TidemarkService {
                 Tag::new("INSERT").with_oid(0).with_rows(rows as usize),
             ));
         }
-        ExtendedQueryHandler::do_query(self.inner.as_ref(), client, portal, max_rows)
+        // A query without parameters (a BI tool's, its values written into the text).
+        if let (text, Some((SqlStatement::Query(_), plan))) = &portal.statement.statement
+            && portal.statement.parameter_types.is_empty()
+            && portal.parameters.is_empty()
+            && let Some(response) = self
+                .read(client, text, Some(plan), &portal.result_column_format)
+                .await
+        {
+            return response;
+        }
+        let out = ExtendedQueryHandler::do_query(self.inner.as_ref(), client, portal, max_rows)
             .await
-            .map_err(classify_pg_error)
+            .map_err(classify_pg_error);
+        // Anything but a query or an INSERT may have changed the session or the catalog.
+        if !matches!(
+            &portal.statement.statement,
+            (
+                _,
+                Some((SqlStatement::Query(_) | SqlStatement::Insert(_), _))
+            )
+        ) {
+            self.plans.invalidate();
+        }
+        out
     }
 }

@@ -7,6 +7,7 @@
 //! and `commits/N` is therefore never written twice.
 
 pub mod merge;
+pub mod scan;
 pub mod table;
 
 use std::collections::HashMap;
@@ -18,8 +19,6 @@ use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::Session;
-use datafusion::datasource::memory::MemorySourceConfig;
-use datafusion::datasource::source::DataSourceExec;
 use datafusion::datasource::{TableProvider, TableType};
 use datafusion::error::DataFusionError;
 use datafusion::logical_expr::Expr;
@@ -502,6 +501,13 @@ pub async fn ensure_table(path: &Path, name: &str, schema: &SchemaRef) -> Result
 /// kept version exists (one `stat` of `_delta_log/<v+1>.json`); only then does it read the
 /// new commits (`update_incremental`), instead of replaying the log for every query.
 pub struct DeltaReadTable {
+    schema: SchemaRef,
+    versions: Arc<Versions>,
+}
+
+/// The versions of a sink's table that scans read: the kept snapshot and its rows. Scans
+/// ([`scan::CachedScanExec`]) hold it to bind themselves to a newer version later.
+struct Versions {
     path: PathBuf,
     schema: SchemaRef,
     cache: Mutex<Option<CachedSnapshot>>,
@@ -528,7 +534,7 @@ static CACHED_BYTES: AtomicU64 = AtomicU64::new(0);
 /// One table version's rows in memory: each live file's batches, cast to the table's
 /// schema. Files are shared with the previous version's, so a new commit decodes only the
 /// files it adds.
-struct TableRows {
+pub struct TableRows {
     files: Vec<(String, Arc<CachedFile>)>,
 }
 
@@ -588,6 +594,14 @@ fn uncacheable(table: &DeltaTable) -> Option<&'static str> {
 impl std::fmt::Debug for DeltaReadTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeltaReadTable")
+            .field("path", &self.versions.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Versions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Versions")
             .field("path", &self.path)
             .finish_non_exhaustive()
     }
@@ -632,14 +646,24 @@ impl DeltaReadTable {
             decoded: false,
         });
         Ok(DeltaReadTable {
-            path: path.to_path_buf(),
-            schema,
-            cache: Mutex::new(cache),
-            too_big: std::sync::atomic::AtomicBool::new(false),
-            budget: crate::config::READ_CACHE_BYTES,
+            schema: schema.clone(),
+            versions: Arc::new(Versions {
+                path: path.to_path_buf(),
+                schema,
+                cache: Mutex::new(cache),
+                too_big: std::sync::atomic::AtomicBool::new(false),
+                budget: crate::config::READ_CACHE_BYTES,
+            }),
         })
     }
 
+    #[cfg(test)]
+    async fn latest(&self) -> Result<(Arc<dyn TableProvider>, Option<Arc<TableRows>>)> {
+        self.versions.latest().await
+    }
+}
+
+impl Versions {
     /// The table's latest version: the kept one while no newer commit exists. Its rows are
     /// decoded on the version's first scan.
     async fn latest(&self) -> Result<(Arc<dyn TableProvider>, Option<Arc<TableRows>>)> {
@@ -805,33 +829,23 @@ impl TableProvider for DeltaReadTable {
         limit: Option<usize>,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
         let (provider, rows) = self
+            .versions
             .latest()
             .await
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
         let Some(rows) = rows else {
             return provider.scan(state, projection, filters, limit).await;
         };
-        // The version's rows from memory, spread over the session's partitions file by
-        // file; filters stay above the scan.
-        let n = state.config().target_partitions().max(1);
-        let mut partitions: Vec<Vec<RecordBatch>> = vec![Vec::new(); n];
-        let mut next = 0;
-        for (_, file) in &rows.files {
-            for b in file.batches.iter().filter(|b| b.num_rows() > 0) {
-                partitions[next % n].push(b.clone());
-                next += 1;
-            }
-        }
-        partitions.retain(|p| !p.is_empty());
-        // An empty table is one empty partition: a plan over none fails DataFusion's
-        // distribution checks (`ORDER BY` needs a single partition).
-        if partitions.is_empty() {
-            partitions.push(Vec::new());
-        }
-        let source =
-            MemorySourceConfig::try_new(&partitions, self.schema.clone(), projection.cloned())?
-                .with_limit(limit);
-        Ok(DataSourceExec::from_data_source(source))
+        // The version's rows from memory, spread over the session's partitions; filters
+        // stay above the scan.
+        let partitions = state.config().target_partitions().max(1);
+        Ok(Arc::new(scan::CachedScanExec::try_new(
+            self.versions.clone(),
+            rows,
+            projection.cloned(),
+            limit,
+            partitions,
+        )?))
     }
 }
 
@@ -947,7 +961,7 @@ mod tests {
         .await
         .unwrap();
         let mut read = DeltaReadTable::try_new(dir.path()).await.unwrap();
-        read.budget = 1;
+        Arc::get_mut(&mut read.versions).unwrap().budget = 1;
         let read = Arc::new(read);
         let sql = "SELECT id, page FROM t";
         let delta = deltalake::open_table(table_url(dir.path()).unwrap())
@@ -959,7 +973,7 @@ mod tests {
         assert_eq!(rows(read.clone(), sql).await, rows(delta, sql).await);
         let (_, cached) = read.latest().await.unwrap();
         assert!(cached.is_none());
-        assert!(read.too_big.load(Ordering::Relaxed));
+        assert!(read.versions.too_big.load(Ordering::Relaxed));
     }
 
     #[tokio::test]
