@@ -5,6 +5,10 @@
 
 use datafusion::error::DataFusionError;
 
+mod wording;
+
+pub use wording::{Worded, pg_type_name};
+
 /// The SQLSTATE codes Tidemark sends. A small subset of Postgres' appendix A.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SqlState {
@@ -21,6 +25,14 @@ pub enum SqlState {
     ObjectNotInPrerequisiteState,
     DivisionByZero,
     NumericValueOutOfRange,
+    InvalidDatetimeFormat,
+    InvalidRowCountInLimitClause,
+    InvalidRowCountInResultOffsetClause,
+    InvalidArgumentForPowerFunction,
+    AmbiguousColumn,
+    DuplicateColumn,
+    ProtocolViolation,
+    UndefinedParameter,
     InvalidTextRepresentation,
     InvalidBinaryRepresentation,
     InsufficientResources,
@@ -50,6 +62,14 @@ impl SqlState {
             SqlState::ObjectNotInPrerequisiteState => "55000",
             SqlState::DivisionByZero => "22012",
             SqlState::NumericValueOutOfRange => "22003",
+            SqlState::InvalidDatetimeFormat => "22007",
+            SqlState::InvalidRowCountInLimitClause => "2201W",
+            SqlState::InvalidRowCountInResultOffsetClause => "2201X",
+            SqlState::InvalidArgumentForPowerFunction => "2201F",
+            SqlState::AmbiguousColumn => "42702",
+            SqlState::DuplicateColumn => "42701",
+            SqlState::ProtocolViolation => "08P01",
+            SqlState::UndefinedParameter => "42P02",
             SqlState::InvalidTextRepresentation => "22P02",
             SqlState::InvalidBinaryRepresentation => "22P03",
             SqlState::InsufficientResources => "53000",
@@ -70,9 +90,19 @@ pub enum Error {
     /// The statement text does not parse.
     #[error("{0}")]
     Syntax(String),
+    /// The statement text does not parse, as sqlparser found: Postgres's words, and what
+    /// the parser expected as the hint.
+    #[error("{message}")]
+    ParseError {
+        message: String,
+        hint: Option<String>,
+    },
     /// A stream, sink or table that does not exist.
     #[error("{kind} \"{name}\" does not exist")]
     UndefinedObject { kind: &'static str, name: String },
+    /// `SHOW` or `current_setting` of a setting Tidemark does not have.
+    #[error("unrecognized configuration parameter \"{0}\"")]
+    UnknownSetting(String),
     /// A name that is already taken.
     #[error("{kind} \"{name}\" already exists")]
     DuplicateObject { kind: &'static str, name: String },
@@ -136,7 +166,7 @@ pub enum Error {
     #[error("delta table {path}: {message}")]
     Delta { path: String, message: String },
     /// DataFusion failed while planning or executing.
-    #[error("{}", strip_datafusion_prefix(.0))]
+    #[error("{}", postgres_error(.0).message)]
     DataFusion(#[from] DataFusionError),
     /// A bug: an invariant did not hold.
     #[error("internal error: {0}")]
@@ -150,7 +180,7 @@ impl Error {
     /// The SQLSTATE this error is sent with. Exhaustive on purpose: a new variant needs a code.
     pub fn sqlstate(&self) -> SqlState {
         match self {
-            Error::Syntax(_) => SqlState::SyntaxError,
+            Error::Syntax(_) | Error::ParseError { .. } => SqlState::SyntaxError,
             Error::UndefinedObject { kind, .. } => match *kind {
                 "stream" | "sink" | "materialized view" | "relation" | "table" => {
                     SqlState::UndefinedTable
@@ -159,6 +189,7 @@ impl Error {
                 _ => SqlState::UndefinedObject,
             },
             Error::DuplicateObject { .. } => SqlState::DuplicateObject,
+            Error::UnknownSetting(_) => SqlState::UndefinedObject,
             Error::DependentObjects { .. } => SqlState::DependentObjectsStillExist,
             Error::Unsupported { .. } => SqlState::FeatureNotSupported,
             Error::InvalidOption { .. } => SqlState::InvalidParameterValue,
@@ -181,8 +212,11 @@ impl Error {
     /// A hint for the user, when there is one.
     pub fn hint(&self) -> Option<String> {
         match self {
-            Error::Unsupported { hint, .. } | Error::InvalidOption { hint, .. } => hint.clone(),
+            Error::Unsupported { hint, .. }
+            | Error::InvalidOption { hint, .. }
+            | Error::ParseError { hint, .. } => hint.clone(),
             Error::IncompatibleCheckpoint { hint, .. } => Some(hint.clone()),
+            Error::DataFusion(e) => postgres_error(e).hint,
             _ => None,
         }
     }
@@ -220,25 +254,39 @@ impl From<datafusion::arrow::error::ArrowError> for Error {
 
 impl From<datafusion::sql::sqlparser::parser::ParserError> for Error {
     fn from(e: datafusion::sql::sqlparser::parser::ParserError) -> Self {
-        Error::Syntax(parser_message(&e))
+        let (message, hint) = wording::reword_syntax(&e.to_string());
+        Error::ParseError { message, hint }
     }
 }
 
-/// The message of a sqlparser error without its "sql parser error: " prefix.
-pub fn parser_message(e: &datafusion::sql::sqlparser::parser::ParserError) -> String {
-    let s = e.to_string();
-    s.strip_prefix("sql parser error: ")
-        .unwrap_or(&s)
-        .to_string()
+/// A DataFusion error as Postgres would send it: in Postgres's words and with its
+/// SQLSTATE where [`wording`] knows the error, else DataFusion's message without its
+/// prefixes and a SQLSTATE by the error's kind.
+pub fn postgres_error(e: &DataFusionError) -> Worded {
+    if let DataFusionError::External(inner) = e.find_root()
+        && let Some(ours) = inner.downcast_ref::<Error>()
+    {
+        return Worded {
+            state: ours.sqlstate(),
+            message: ours.to_string(),
+            hint: ours.hint(),
+        };
+    }
+    wording::reword(e).unwrap_or_else(|| Worded {
+        state: classify_by_kind(e),
+        message: strip_datafusion_prefix(e),
+        hint: None,
+    })
 }
 
 /// Sorts a DataFusion error into a SQLSTATE, once, here.
 pub fn classify_datafusion(e: &DataFusionError) -> SqlState {
+    postgres_error(e).state
+}
+
+fn classify_by_kind(e: &DataFusionError) -> SqlState {
     use datafusion::arrow::error::ArrowError;
     match e.find_root() {
-        DataFusionError::External(inner) if inner.downcast_ref::<Error>().is_some() => inner
-            .downcast_ref::<Error>()
-            .map_or(SqlState::InternalError, Error::sqlstate),
         DataFusionError::SQL(..) => SqlState::SyntaxError,
         DataFusionError::NotImplemented(_) => SqlState::FeatureNotSupported,
         DataFusionError::ResourcesExhausted(_) => SqlState::InsufficientResources,
@@ -279,6 +327,11 @@ pub fn classify_datafusion(e: &DataFusionError) -> SqlState {
                 SqlState::InvalidTextRepresentation
             } else if msg.contains("non-nullable") {
                 SqlState::NotNullViolation
+            } else if msg.starts_with("Unsupported") || msg.to_ascii_lowercase().contains("invalid")
+            {
+                // A function refusing an argument's value: `Unsupported date_trunc
+                // granularity: 'x'`, `Invalid timezone "x"` (Postgres: 22023).
+                SqlState::InvalidParameterValue
             } else {
                 SqlState::InternalError
             }
@@ -358,7 +411,7 @@ mod tests {
         assert_eq!(classify_datafusion(&e), SqlState::UndefinedTable);
         assert_eq!(
             Error::from(e).to_string(),
-            "table 'datafusion.public.nope' not found"
+            "relation \"nope\" does not exist"
         );
     }
 }

@@ -11,6 +11,7 @@ pub mod operator;
 pub mod plan;
 pub mod progress;
 pub mod query;
+pub mod settings;
 pub mod side_tables;
 pub mod tables;
 pub mod window;
@@ -325,6 +326,12 @@ impl Engine {
             TidemarkStatement::Optimize { name, zorder } => self.optimize(&name, &zorder).await,
             // The wire checks the transaction block; there is nothing to undo.
             TidemarkStatement::Savepoint(c) => Ok(Output::Command(c.tag().into())),
+            // Without a session (`tidemark run`): the server's values; nothing to discard.
+            TidemarkStatement::ShowSetting(name) => {
+                let (schema, batch) = settings::show(&name, |_| None)?;
+                Ok(Output::Rows(schema, vec![batch]))
+            }
+            TidemarkStatement::Discard(what) => Ok(Output::Command(format!("DISCARD {what}"))),
             TidemarkStatement::CreateTable(ct) => self.create_table(ct).await,
             TidemarkStatement::DropTable {
                 name,
@@ -1355,6 +1362,7 @@ pub fn result_schema(stmt: &TidemarkStatement) -> Option<SchemaRef> {
         TidemarkStatement::ShowOptions => Some(options_schema()),
         TidemarkStatement::ExplainCreateSink(_) => Some(explain_schema()),
         TidemarkStatement::Optimize { .. } => Some(optimize_schema()),
+        TidemarkStatement::ShowSetting(name) => settings::schema(name).ok(),
         _ => None,
     }
 }

@@ -261,8 +261,7 @@ impl ScalarUDFImpl for WindowUdf {
                 }
             })
             .collect::<datafusion::error::Result<Vec<_>>>()?;
-        let spec =
-            spec_from_args(&literals).map_err(|e| DataFusionError::Execution(e.to_string()))?;
+        let spec = spec_from_args(&literals).map_err(|e| DataFusionError::External(Box::new(e)))?;
         if !spec.is_tumbling() {
             return datafusion::common::exec_err!(
                 "sliding windows are computed only in the GROUP BY of a sink"

@@ -26,16 +26,14 @@ use datafusion_postgres::datafusion_pg_catalog::setup_pg_catalog;
 use datafusion_postgres::pgwire;
 use futures::Sink;
 use futures::SinkExt;
-use pgwire::api::auth::StartupHandler;
-use pgwire::api::auth::noop::NoopStartupHandler;
-use pgwire::api::cancel::{CancelHandler, DefaultCancelHandler};
+use pgwire::api::cancel::DefaultCancelHandler;
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
 use pgwire::api::results::{FieldInfo, QueryResponse, Response, Tag};
 use pgwire::api::stmt::QueryParser;
 use pgwire::api::store::Entry;
 use pgwire::api::store::PortalStore;
-use pgwire::api::{ClientInfo, ClientPortalStore, ConnectionManager, PgWireServerHandlers, Type};
+use pgwire::api::{ClientInfo, ClientPortalStore, ConnectionManager, Type};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::PgWireBackendMessage;
 use pgwire::messages::data::{DataRow, NoData, ParameterDescription};
@@ -45,13 +43,15 @@ use pgwire::types::format::FormatOptions;
 use tokio::net::TcpListener;
 
 mod catalog;
+mod conn;
 mod copy;
 mod insert;
 mod plans;
 mod rewrite;
+mod session;
 
 use crate::engine::{Engine, Output};
-use crate::error::{Error, classify_datafusion, parser_message, strip_datafusion_prefix};
+use crate::error::{Error, postgres_error};
 use crate::sql::parser::SavepointCommand;
 use crate::sql::{Piece, parse_tidemark, split};
 
@@ -68,6 +68,7 @@ pub fn prepare_session(engine: &Engine) -> crate::error::Result<()> {
     setup_pg_catalog(ctx, "datafusion", EmptyContextProvider).map_err(|e| Error::DataFusion(*e))?;
     catalog::install(ctx, "datafusion")?;
     ctx.register_udf(version_udf());
+    ctx.register_udf(session::current_setting_udf());
     Ok(())
 }
 
@@ -101,7 +102,7 @@ pub async fn run(
                     Ok((socket, addr)) => {
                         let handlers = handlers.clone();
                         tokio::spawn(async move {
-                            if let Err(e) = pgwire::tokio::process_socket(socket, None, handlers).await {
+                            if let Err(e) = conn::serve(socket, handlers).await {
                                 tracing::debug!(%addr, error = %e, "connection ended with an error");
                             }
                         });
@@ -113,21 +114,10 @@ pub async fn run(
     }
 }
 
-struct Startup {
-    connections: Arc<ConnectionManager>,
-}
-
-#[async_trait]
-impl NoopStartupHandler for Startup {
-    fn connection_manager(&self) -> Option<Arc<ConnectionManager>> {
-        Some(self.connections.clone())
-    }
-}
-
-/// The handlers of every connection.
+/// The handlers of every connection ([`conn`] calls them).
 pub struct Handlers {
     service: Arc<TidemarkService>,
-    startup: Arc<Startup>,
+    startup: Arc<session::Startup>,
     cancel: Arc<DefaultCancelHandler>,
 }
 
@@ -145,33 +135,9 @@ impl Handlers {
                 parser,
                 plans: plans::PlanCache::default(),
             }),
-            startup: Arc::new(Startup {
-                connections: connections.clone(),
-            }),
+            startup: Arc::new(session::Startup::new(connections.clone())),
             cancel: Arc::new(DefaultCancelHandler::new(connections)),
         }
-    }
-}
-
-impl PgWireServerHandlers for Handlers {
-    fn simple_query_handler(&self) -> Arc<impl SimpleQueryHandler> {
-        self.service.clone()
-    }
-
-    fn extended_query_handler(&self) -> Arc<impl ExtendedQueryHandler> {
-        self.service.clone()
-    }
-
-    fn startup_handler(&self) -> Arc<impl StartupHandler> {
-        self.startup.clone()
-    }
-
-    fn cancel_handler(&self) -> Arc<impl CancelHandler> {
-        self.cancel.clone()
-    }
-
-    fn copy_handler(&self) -> Arc<impl pgwire::api::copy::CopyHandler> {
-        self.service.clone()
     }
 }
 
@@ -191,20 +157,16 @@ fn classify_pg_error(e: PgWireError) -> PgWireError {
     match e {
         PgWireError::ApiError(inner) => {
             if let Some(df) = inner.downcast_ref::<datafusion::error::DataFusionError>() {
-                return PgWireError::UserError(Box::new(ErrorInfo::new(
-                    "ERROR".into(),
-                    classify_datafusion(df).code().into(),
-                    strip_datafusion_prefix(df),
-                )));
+                let worded = postgres_error(df);
+                let mut info =
+                    ErrorInfo::new("ERROR".into(), worded.state.code().into(), worded.message);
+                info.hint = worded.hint;
+                return PgWireError::UserError(Box::new(info));
             }
             if let Some(pe) =
                 inner.downcast_ref::<datafusion::sql::sqlparser::parser::ParserError>()
             {
-                return PgWireError::UserError(Box::new(ErrorInfo::new(
-                    "ERROR".into(),
-                    "42601".into(),
-                    parser_message(pe),
-                )));
+                return to_pg_error(&Error::from(pe.clone()));
             }
             PgWireError::UserError(Box::new(ErrorInfo::new(
                 "ERROR".into(),
@@ -346,14 +308,24 @@ impl TidemarkService {
         Some(encode_plan(client, ready, format))
     }
 
-    async fn run_tidemark<C: ClientInfo>(
+    async fn run_tidemark<C>(
         &self,
-        client: &C,
+        client: &mut C,
         text: &str,
         format: &Format,
-    ) -> PgWireResult<Response> {
+    ) -> PgWireResult<Response>
+    where
+        C: ClientInfo + ClientPortalStore,
+        C::PortalStore: PortalStore,
+    {
         let stmt = parse_tidemark(text).map_err(|e| to_pg_error(&e))?;
         match stmt {
+            crate::sql::TidemarkStatement::ShowSetting(name) => {
+                return session::show(&self.engine, client, &name, format).await;
+            }
+            crate::sql::TidemarkStatement::Discard(what) => {
+                return session::discard(client, &what);
+            }
             crate::sql::TidemarkStatement::CopyFrom(c) => {
                 return copy::start(&self.engine, client, c);
             }
@@ -381,6 +353,9 @@ impl SimpleQueryHandler for TidemarkService {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         let pieces = split(query);
+        if let Some(e) = rewrite::refuse_unplannable(query) {
+            return Err(to_pg_error(&e));
+        }
         if pieces.iter().all(|p| matches!(p, Piece::Other(_))) {
             let rewritten = rewrite::rewrite_catalog_query(query);
             let query = rewritten.as_deref().unwrap_or(query);
@@ -493,10 +468,19 @@ impl QueryParser for TidemarkParser {
     where
         C: ClientInfo + Unpin + Send + Sync,
     {
-        if let [Piece::Tidemark(text)] = split(sql).as_slice() {
+        let pieces = split(sql);
+        if pieces.len() > 1 {
+            return Err(to_pg_error(&Error::Syntax(
+                "cannot insert multiple commands into a prepared statement".into(),
+            )));
+        }
+        if let [Piece::Tidemark(text)] = pieces.as_slice() {
             // Parse now so syntax errors surface at Parse time, as in Postgres.
             parse_tidemark(text).map_err(|e| to_pg_error(&e))?;
             return Ok(Some((text.clone(), None)));
+        }
+        if let Some(e) = rewrite::refuse_unplannable(sql) {
+            return Err(to_pg_error(&e));
         }
         let rewritten = rewrite::rewrite_catalog_query(sql);
         let sql = rewritten.as_deref().unwrap_or(sql);

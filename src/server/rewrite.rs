@@ -193,6 +193,48 @@ fn is_correlated(query: &Query) -> bool {
     correlated
 }
 
+/// A statement DataFusion would panic on, refused first with Postgres's error: a scalar or
+/// `IN` subquery with an empty select list (`SELECT (SELECT FROM t)`; DataFusion 55 indexes
+/// the subquery's first column to name the expression). `None` for everything else,
+/// including text that does not parse (the parser that runs it reports that).
+pub fn refuse_unplannable(sql: &str) -> Option<crate::error::Error> {
+    if !has_empty_select_list(sql) {
+        return None;
+    }
+    let statements = Parser::parse_sql(&PostgreSqlDialect {}, sql).ok()?;
+    let mut found = None;
+    for stmt in &statements {
+        let _ = visit_expressions(stmt, |e| {
+            let (query, message) = match e {
+                Expr::Subquery(q) => (q, "subquery must return only one column"),
+                Expr::InSubquery { subquery, .. } => (subquery, "subquery has too few columns"),
+                _ => return ControlFlow::Continue(()),
+            };
+            if matches!(query.body.as_ref(), SetExpr::Select(s) if s.projection.is_empty()) {
+                found = Some(message);
+                return ControlFlow::Break(());
+            }
+            ControlFlow::Continue(())
+        });
+    }
+    found.map(|m| crate::error::Error::Syntax(m.into()))
+}
+
+/// Whether some `SELECT` in `sql` is followed directly by `FROM` (or ends the text): the
+/// cheap test before parsing.
+fn has_empty_select_list(sql: &str) -> bool {
+    let lower = sql.to_ascii_lowercase();
+    let mut rest = lower.as_str();
+    while let Some(at) = rest.find("select") {
+        rest = &rest[at + "select".len()..];
+        let next = rest.trim_start_matches(|c: char| c.is_whitespace());
+        if next.is_empty() || next.starts_with(')') || next.starts_with("from") {
+            return true;
+        }
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,5 +287,21 @@ mod tests {
             None
         );
         assert_eq!(rewrite_catalog_query("SELECT 1"), None);
+    }
+
+    #[test]
+    fn an_empty_subquery_is_refused_before_datafusion_sees_it() {
+        let refused = |sql: &str| refuse_unplannable(sql).map(|e| e.to_string());
+        assert_eq!(
+            refused("SELECT (SELECT FROM clicks), 1"),
+            Some("subquery must return only one column".into())
+        );
+        assert_eq!(
+            refused("SELECT 1 WHERE 1 IN (select\n from t)"),
+            Some("subquery has too few columns".into())
+        );
+        assert_eq!(refused("SELECT FROM clicks"), None);
+        assert_eq!(refused("SELECT EXISTS (SELECT FROM t)"), None);
+        assert_eq!(refused("SELECT (SELECT 1 FROM t)"), None);
     }
 }

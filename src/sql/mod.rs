@@ -91,6 +91,7 @@ pub fn split(sql: &str) -> Vec<Piece> {
                 }
             }
             Token::Word(w) if words.len() < 3 => words.push(w.value.to_ascii_uppercase()),
+            Token::Period if words.len() < 3 => words.push(".".into()),
             _ if words.len() < 3 => words.push(String::new()),
             _ => {}
         }
@@ -106,10 +107,17 @@ fn is_tidemark(words: &[String]) -> bool {
         "CREATE" | "DROP" => matches!(w(1), "STREAM" | "SINK" | "MATERIALIZED" | "TABLE"),
         // Tables are Delta tables: their changes go through deltalake.
         "MERGE" | "UPDATE" | "DELETE" => true,
-        "SHOW" => matches!(
-            w(1),
-            "STREAMS" | "SINKS" | "QUERIES" | "OPTIONS" | "MATERIALIZED"
-        ),
+        // `SHOW` of a setting is ours too (the wire answers it from the session), and a bare
+        // `SHOW` (a syntax error; datafusion-postgres's SHOW hook panics on it). DataFusion
+        // keeps its own `SHOW TABLES`, `SHOW COLUMNS`, `SHOW FUNCTIONS` and dotted names
+        // (`SHOW datafusion.execution.batch_size`).
+        "SHOW" => {
+            !matches!(
+                w(1),
+                "TABLES" | "COLUMNS" | "FUNCTIONS" | "CATALOGS" | "CREATE" | "FULL"
+            ) && w(2) != "."
+        }
+        "DISCARD" => true,
         "STOP" | "START" | "ALTER" => matches!(w(1), "SINK" | "MATERIALIZED"),
         "FLUSH" | "OPTIMIZE" | "SAVEPOINT" | "RELEASE" => true,
         "ROLLBACK" => w(1) == "TO",
@@ -461,6 +469,19 @@ mod tests {
                 Piece::Tidemark("SHOW streams".into()),
             ]
         );
+    }
+
+    #[test]
+    fn settings_are_shown_by_tidemark_and_datafusion_keeps_its_own_shows() {
+        let ours = |sql: &str| matches!(split(sql).as_slice(), [Piece::Tidemark(_)]);
+        assert!(ours("SHOW search_path"));
+        assert!(ours("show TIME ZONE"));
+        assert!(ours("SHOW"));
+        assert!(ours("SHOW \\ ]"));
+        assert!(ours("DISCARD ALL"));
+        assert!(!ours("SHOW datafusion.execution.batch_size"));
+        assert!(!ours("SHOW TABLES"));
+        assert!(!ours("SHOW COLUMNS FROM t"));
     }
 
     #[test]

@@ -72,6 +72,12 @@ pub enum TidemarkStatement {
     /// transaction block, as Postgres does, with nothing to undo (Tidemark's statements
     /// take effect at once).
     Savepoint(SavepointCommand),
+    /// `SHOW name` of a run-time setting (`SHOW ALL`, `SHOW TIME ZONE`, …): the name as
+    /// written, lower case, words joined by one space. Answered by the wire, which knows
+    /// the session's `SET`s.
+    ShowSetting(String),
+    /// `DISCARD ALL | PLANS | SEQUENCES | TEMP`: what to discard, upper case.
+    Discard(String),
     /// Waits until the named sink (or every running sink) has processed what is available.
     Flush {
         sink: Option<String>,
@@ -244,10 +250,10 @@ pub fn parse_tidemark(sql: &str) -> Result<TidemarkStatement> {
     while p.consume_token(&Token::SemiColon) {}
     let next = p.peek_token();
     if next.token != Token::EOF {
-        return Err(Error::Syntax(format!(
-            "unexpected {} at the end of the statement",
-            next.token
-        )));
+        return Err(Error::ParseError {
+            message: format!("syntax error at or near \"{}\"", next.token),
+            hint: Some("Expected the end of the statement.".into()),
+        });
     }
     Ok(stmt)
 }
@@ -401,8 +407,39 @@ fn parse_statement(p: &mut Parser) -> Result<TidemarkStatement> {
         if parse_word(p, "OPTIONS") {
             return Ok(TidemarkStatement::ShowOptions);
         }
-        expect_word(p, "QUERIES")?;
-        return Ok(TidemarkStatement::ShowQueries);
+        if parse_word(p, "QUERIES") {
+            return Ok(TidemarkStatement::ShowQueries);
+        }
+        // A setting: one or more words (`search_path`, `TIME ZONE`, `"TimeZone"`).
+        let mut words = Vec::new();
+        loop {
+            match p.peek_token().token {
+                Token::Word(w) => {
+                    p.next_token();
+                    words.push(w.value.to_ascii_lowercase());
+                }
+                Token::EOF | Token::SemiColon if !words.is_empty() => break,
+                _ => {
+                    return Err(p
+                        .expected::<()>("a setting name, STREAMS, SINKS or QUERIES", p.peek_token())
+                        .unwrap_err()
+                        .into());
+                }
+            }
+        }
+        return Ok(TidemarkStatement::ShowSetting(words.join(" ")));
+    }
+    if parse_word(p, "DISCARD") {
+        for what in ["ALL", "PLANS", "SEQUENCES", "TEMP", "TEMPORARY"] {
+            if parse_word(p, what) {
+                let what = if what == "TEMPORARY" { "TEMP" } else { what };
+                return Ok(TidemarkStatement::Discard(what.into()));
+            }
+        }
+        return Err(p
+            .expected::<()>("ALL, PLANS, SEQUENCES or TEMP", p.peek_token())
+            .unwrap_err()
+            .into());
     }
     if parse_word(p, "STOP") {
         let kind = parse_query_kind(p)?;

@@ -139,10 +139,15 @@ impl TestServer {
 
 /// Connects to a server on `port`.
 pub async fn connect(port: u16) -> Client {
-    let conn_str = format!("host=127.0.0.1 port={port} user=tidemark dbname=tidemark");
+    connect_as(port, "tidemark").await
+}
+
+/// Connects to a server on `port` as `user`, to the database of that name.
+async fn connect_as(port: u16, user: &str) -> Client {
+    let conn_str = format!("host=127.0.0.1 port={port} user={user} dbname={user}");
     let (client, connection) = tokio_postgres::connect(&conn_str, NoTls)
         .await
-        .expect("connect to tidemark");
+        .unwrap_or_else(|e| panic!("connect to port {port} as {user}: {e}"));
     tokio::spawn(async move {
         let _ = connection.await;
     });
@@ -212,4 +217,129 @@ pub fn read_delta_log(table: &Path) -> DeltaLog {
         }
     }
     log
+}
+
+/// A PostgreSQL cluster of its own (Debian's `postgresql` package), for tests that check
+/// Tidemark's answers against Postgres's on the same statements. Stopped on drop.
+pub struct Postgres {
+    bin: PathBuf,
+    data: PathBuf,
+    pub port: u16,
+}
+
+impl Postgres {
+    /// Starts a cluster in `dir`, or `None` when PostgreSQL is not installed outside CI
+    /// (in CI, where `.ci/run` installs it, a missing server fails the test).
+    pub fn start(dir: &Path) -> Option<Postgres> {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+            .filter(|b| b.join("initdb").exists())
+            .max();
+        let Some(bin) = bin else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "PostgreSQL is not installed: CI must install it (.ci/run does)"
+            );
+            eprintln!("PostgreSQL is not installed: skipping the side-by-side part");
+            return None;
+        };
+        let data = dir.join("pg");
+        std::fs::create_dir_all(&data).unwrap();
+        // Postgres refuses to run as root: the cluster belongs to the `postgres` user then.
+        let as_root = is_root();
+        if as_root {
+            let ok = std::process::Command::new("chown")
+                .args(["-R", "postgres"])
+                .arg(dir)
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "chown the cluster's directory to postgres");
+        }
+        let run = |program: &str, args: &[&str]| {
+            let mut cmd = if as_root {
+                let mut c = std::process::Command::new("runuser");
+                c.args(["-u", "postgres", "--"]).arg(bin.join(program));
+                c
+            } else {
+                std::process::Command::new(bin.join(program))
+            };
+            let out = cmd.args(args).output().expect("run a PostgreSQL program");
+            assert!(
+                out.status.success(),
+                "{program} failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let cluster = data.join("data");
+        let cluster_str = cluster.to_str().unwrap();
+        run(
+            "initdb",
+            &[
+                "-D",
+                cluster_str,
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--no-sync",
+            ],
+        );
+        let port = free_port();
+        let options = format!(
+            "-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c fsync=off"
+        );
+        let log = data.join("server.log");
+        run(
+            "pg_ctl",
+            &[
+                "-D",
+                cluster_str,
+                "-o",
+                &options,
+                "-l",
+                log.to_str().unwrap(),
+                "-w",
+                "start",
+            ],
+        );
+        Some(Postgres {
+            bin,
+            data: cluster,
+            port,
+        })
+    }
+
+    /// A client connected as `postgres`.
+    pub async fn connect(&self) -> Client {
+        connect_as(self.port, "postgres").await
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let pg_ctl = self.bin.join("pg_ctl");
+        let mut cmd = if is_root() {
+            let mut c = std::process::Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(pg_ctl);
+            c
+        } else {
+            std::process::Command::new(pg_ctl)
+        };
+        let _ = cmd
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-m", "immediate", "stop"])
+            .output();
+    }
+}
+
+/// Whether the tests run as root (`id -u`).
+fn is_root() -> bool {
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.trim_ascii() == b"0")
 }

@@ -3,7 +3,9 @@
 mod architecture;
 mod crash;
 mod delta;
+mod errors;
 mod failure;
+mod fuzz;
 mod harness;
 mod ingest;
 mod oracle;

@@ -8,6 +8,12 @@ import psycopg
 
 port, landing = sys.argv[1], sys.argv[2]
 with psycopg.connect(f"host=127.0.0.1 port={port} user=py dbname=py") as conn:
+    # The version libpq reads from the server_version parameter status agrees with version().
+    assert conn.info.parameter_status("server_version") == "17.6", conn.info.parameter_status("server_version")
+    assert conn.info.server_version == 170006, conn.info.server_version
+    assert conn.execute("SELECT version()").fetchone()[0].startswith("PostgreSQL 17.6 ")
+    # SHOW over the extended protocol, as pgjdbc and psycopg send it.
+    assert conn.execute("SHOW TRANSACTION ISOLATION LEVEL").fetchone()[0] == "read committed"
     # psycopg opens a transaction (BEGIN) and sends parameters with the extended protocol.
     assert conn.execute("SELECT 1 + %s AS x", (41,)).fetchone()[0] == 42
     conn.execute(
