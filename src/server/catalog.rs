@@ -1,7 +1,8 @@
 //! Tidemark's corrections to datafusion-postgres's pg_catalog, where its answers would be
 //! wrong for Tidemark's objects: a materialized view is relkind `m` in `pg_class` (psql's
 //! `\dm`, SQLAlchemy's `get_materialized_view_names`) and has a row in `pg_matviews`.
-//! Every other table is datafusion-postgres's, unchanged. Also the catalog functions it
+//! `pg_settings` lists the settings `SHOW` answers. Every other table is
+//! datafusion-postgres's, unchanged. Also the catalog functions it
 //! lacks: `to_regtype` (psycopg's type lookup, which SQLAlchemy runs on connect), and what
 //! SQLAlchemy's column reflection calls: `json_build_object`, `pg_get_serial_sequence`
 //! (no column is serial: NULL) and `pg_collation_is_visible`.
@@ -255,12 +256,78 @@ impl SchemaProvider for PgCatalog {
                 }) as Arc<dyn TableProvider>
             })),
             "pg_matviews" => Ok(Some(Arc::new(pg_matviews(&views(&self.public).await?)?))),
+            "pg_settings" => Ok(Some(Arc::new(pg_settings()?))),
             _ => self.inner.table(name).await,
         }
     }
 
     fn table_exist(&self, name: &str) -> bool {
         self.inner.table_exist(name)
+    }
+}
+
+/// `pg_settings`: the settings `SHOW` answers ([`crate::config::PG_SETTINGS`]), with the
+/// server's values (datafusion-postgres's has one row). DBeaver reads
+/// `standard_conforming_strings` here, pgcli `unix_socket_directories`.
+fn pg_settings() -> Result<MemTable> {
+    let text = |name: &str| Field::new(name, DataType::Utf8, true);
+    let schema = Arc::new(Schema::new(vec![
+        text("name"),
+        text("setting"),
+        text("unit"),
+        text("category"),
+        text("short_desc"),
+        text("extra_desc"),
+        text("context"),
+        text("vartype"),
+        text("source"),
+        text("min_val"),
+        text("max_val"),
+        text("enumvals"),
+        text("boot_val"),
+        text("reset_val"),
+        text("sourcefile"),
+        Field::new("sourceline", DataType::Int32, true),
+        Field::new("pending_restart", DataType::Boolean, true),
+    ]));
+    let all = crate::config::PG_SETTINGS;
+    let n = all.len();
+    let column = |f: &dyn Fn(&crate::config::PgSetting) -> Option<&str>| {
+        Arc::new(StringArray::from_iter(all.iter().map(f))) as ArrayRef
+    };
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            column(&|s| Some(s.name)),
+            column(&|s| Some(s.value)),
+            column(&|_| None),
+            column(&|_| Some("Client Connection Defaults")),
+            column(&|s| Some(s.description)),
+            column(&|_| None),
+            column(&|_| Some("user")),
+            column(&|s| Some(vartype(s))),
+            column(&|_| Some("default")),
+            column(&|_| None),
+            column(&|_| None),
+            column(&|_| None),
+            column(&|s| Some(s.value)),
+            column(&|s| Some(s.value)),
+            column(&|_| None),
+            Arc::new(Int32Array::from(vec![None; n])),
+            Arc::new(BooleanArray::from(vec![false; n])),
+        ],
+    )?;
+    MemTable::try_new(schema, vec![vec![batch]])
+}
+
+/// A setting's `vartype` as Postgres names it, from its value.
+fn vartype(s: &crate::config::PgSetting) -> &'static str {
+    if matches!(s.value, "on" | "off") {
+        "bool"
+    } else if !s.value.is_empty() && s.value.bytes().all(|b| b.is_ascii_digit()) {
+        "integer"
+    } else {
+        "string"
     }
 }
 
