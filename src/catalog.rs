@@ -690,6 +690,30 @@ pub struct TableDef {
     pub owns_path: bool,
 }
 
+/// What kind of relation a catalog object is to clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelationKind {
+    Stream,
+    Sink,
+    Table,
+    MaterializedView,
+}
+
+/// A relation as clients' catalog queries describe it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Relation {
+    pub name: String,
+    pub kind: RelationKind,
+    /// Whether `INSERT` and `COPY FROM STDIN` take rows: a table stream or a table.
+    pub insertable: bool,
+    /// The `PRIMARY KEY` columns, in order (tables only).
+    pub primary_key: Vec<String>,
+    /// What it is, in a line: `pg_description`'s comment.
+    pub description: String,
+    /// A materialized view's query.
+    pub definition: Option<String>,
+}
+
 impl Catalog {
     fn file(data_dir: &Path) -> PathBuf {
         data_dir.join("catalog.json")
@@ -754,6 +778,58 @@ impl Catalog {
 
     pub fn table(&self, name: &str) -> Option<&TableDef> {
         self.tables.iter().find(|t| t.name == name)
+    }
+
+    /// Every relation the catalog defines, as clients' catalog queries describe it
+    /// (`information_schema`, `pg_description`), by name.
+    pub fn relations(&self) -> Vec<Relation> {
+        let mut out: Vec<Relation> = self
+            .streams
+            .iter()
+            .map(|s| Relation {
+                name: s.name.clone(),
+                kind: RelationKind::Stream,
+                insertable: matches!(s.source(), StreamSource::Table(_)),
+                primary_key: Vec::new(),
+                description: format!("stream (connector = '{}')", s.source().connector()),
+                definition: None,
+            })
+            .chain(self.tables.iter().map(|t| Relation {
+                name: t.name.clone(),
+                kind: RelationKind::Table,
+                insertable: true,
+                primary_key: t.primary_key.clone(),
+                description: format!("table (Delta, {})", t.path.display()),
+                definition: None,
+            }))
+            .chain(self.sinks.iter().map(|s| {
+                let view = s.kind == QueryKind::MaterializedView;
+                let connector = s.options.get("connector").unwrap_or("delta");
+                Relation {
+                    name: s.name.clone(),
+                    kind: if view {
+                        RelationKind::MaterializedView
+                    } else {
+                        RelationKind::Sink
+                    },
+                    insertable: false,
+                    primary_key: Vec::new(),
+                    description: if view {
+                        format!("materialized view ({} mode) AS {}", s.output_mode, s.query)
+                    } else if s.merge.is_some() {
+                        format!("sink (MERGE into {})", s.path.display())
+                    } else {
+                        format!(
+                            "sink (connector = '{connector}', {} mode) AS {}",
+                            s.output_mode, s.query
+                        )
+                    },
+                    definition: view.then(|| s.query.clone()),
+                }
+            }))
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
     }
 
     /// The definitions of the tables a sink joins with.

@@ -1116,6 +1116,17 @@ impl Engine {
         }
     }
 
+    /// Every stream, sink, table and materialized view, as clients' catalog queries
+    /// describe them.
+    pub async fn relations(&self) -> Vec<crate::catalog::Relation> {
+        self.catalog.lock().await.relations()
+    }
+
+    /// The engine, shared (for parts of its session that need to call back into it).
+    pub fn handle(&self) -> Weak<Engine> {
+        self.me.clone()
+    }
+
     /// The trigger of a sink, if it exists.
     pub async fn sink_trigger(&self, name: &str) -> Option<Trigger> {
         self.catalog.lock().await.sink(name).map(|s| s.trigger)

@@ -8,7 +8,7 @@
 //! (no column is serial: NULL) and `pg_collation_is_visible`.
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Weak};
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{
@@ -28,15 +28,83 @@ use datafusion::prelude::SessionContext;
 use datafusion::scalar::ScalarValue;
 use datafusion_postgres::pgwire::api::Type;
 
+use crate::engine::Engine;
 use crate::sink::view::ViewTable;
 
 /// Puts the corrections in front of the `pg_catalog` schema of catalog `catalog`.
-pub fn install(ctx: &SessionContext, catalog: &str) -> crate::error::Result<()> {
+pub fn install(engine: &Engine, catalog: &str) -> crate::error::Result<()> {
+    let ctx: &SessionContext = engine.context();
     let missing = || crate::error::Error::Internal(format!("no pg_catalog in {catalog}"));
     let cat = ctx.catalog(catalog).ok_or_else(missing)?;
     let inner = cat.schema("pg_catalog").ok_or_else(missing)?;
     let public = cat.schema("public").ok_or_else(missing)?;
-    cat.register_schema("pg_catalog", Arc::new(PgCatalog { inner, public }))?;
+    let relations = Arc::new(Relations::default());
+    cat.register_schema(
+        "pg_catalog",
+        Arc::new(PgCatalog {
+            inner,
+            public,
+            engine: engine.handle(),
+            relations: relations.clone(),
+        }),
+    )?;
+    ctx.register_udf(obj_description_udf(relations.clone()));
+    ctx.register_udf(to_regclass_udf(relations));
+    ctx.register_udf(create_udf(
+        "col_description",
+        vec![DataType::Int64, DataType::Int64],
+        DataType::Utf8,
+        Volatility::Stable,
+        // No column has a comment (there is no COMMENT ON yet).
+        Arc::new(|_: &[ColumnarValue]| Ok(ColumnarValue::Scalar(ScalarValue::Utf8(None)))),
+    ));
+    ctx.register_udf(pg_size_pretty_udf());
+    for name in ["pg_table_size", "pg_indexes_size"] {
+        // Sizes of what Postgres stores in its heap; Tidemark's tables are Delta tables
+        // and views, which `pg_relation_size` (datafusion-postgres's) answers as 0 too.
+        ctx.register_udf(create_udf(
+            name,
+            vec![DataType::Int64],
+            DataType::Int64,
+            Volatility::Stable,
+            Arc::new(|_: &[ColumnarValue]| Ok(ColumnarValue::Scalar(ScalarValue::Int64(Some(0))))),
+        ));
+    }
+    for (name, args) in [
+        ("pg_get_indexdef", 1),
+        ("pg_get_indexdef", 3),
+        ("pg_get_viewdef", 1),
+        ("pg_get_viewdef", 2),
+    ] {
+        // No relation has an index; a view's definition is in pg_views / pg_matviews.
+        let mut types = vec![DataType::Int64];
+        types.extend(std::iter::repeat_n(DataType::Int64, args - 1));
+        if name == "pg_get_viewdef" && args == 2 {
+            types[1] = DataType::Boolean;
+        }
+        if name == "pg_get_indexdef" && args == 3 {
+            types[2] = DataType::Boolean;
+        }
+        ctx.register_udf(create_udf(
+            name,
+            types,
+            DataType::Utf8,
+            Volatility::Stable,
+            Arc::new(|_: &[ColumnarValue]| Ok(ColumnarValue::Scalar(ScalarValue::Utf8(None)))),
+        ));
+    }
+    for name in ["pg_type_is_visible", "pg_function_is_visible"] {
+        ctx.register_udf(create_udf(
+            name,
+            vec![DataType::Int64],
+            DataType::Boolean,
+            Volatility::Stable,
+            // Every type and function is in pg_catalog, which is always on the path.
+            Arc::new(|_: &[ColumnarValue]| {
+                Ok(ColumnarValue::Scalar(ScalarValue::Boolean(Some(true))))
+            }),
+        ));
+    }
     ctx.register_udf(to_regtype_udf());
     ctx.register_udf(ScalarUDF::new_from_impl(JsonBuildObject::new()));
     ctx.register_udf(create_udf(
@@ -220,11 +288,270 @@ fn to_regtype_udf() -> ScalarUDF {
     )
 }
 
+/// `pg_size_pretty(bigint)`: a size as Postgres prints it (`10 kB`, `1234 bytes`): the
+/// unit steps up while the value is at least 10 units, rounding half away from zero.
+fn pg_size_pretty_udf() -> ScalarUDF {
+    create_udf(
+        "pg_size_pretty",
+        vec![DataType::Int64],
+        DataType::Utf8,
+        Volatility::Immutable,
+        Arc::new(|args: &[ColumnarValue]| {
+            let a = args[0].to_array(1)?;
+            let a = datafusion::arrow::compute::cast(&a, &DataType::Int64)?;
+            let out: StringArray = a
+                .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+                .iter()
+                .map(|v| v.map(size_pretty))
+                .collect();
+            Ok(match &args[0] {
+                ColumnarValue::Scalar(_) => {
+                    ColumnarValue::Scalar(ScalarValue::try_from_array(&out, 0)?)
+                }
+                ColumnarValue::Array(_) => ColumnarValue::Array(Arc::new(out)),
+            })
+        }),
+    )
+}
+
+/// Postgres's `pg_size_pretty` for a bigint: bytes up to 10 kB - 1 (exactly, below
+/// 10240), then kB, MB, GB, TB, PB, each shown while the value is below 10 of the next.
+pub fn size_pretty(bytes: i64) -> String {
+    const UNITS: [&str; 5] = ["kB", "MB", "GB", "TB", "PB"];
+    if bytes.unsigned_abs() < 10 * 1024 {
+        return format!("{bytes} bytes");
+    }
+    // Postgres halves, rounds half away from zero, at each step (size >> 9, then +1 >> 1).
+    let half_round = |v: i64| if v < 0 { -((-v + 1) / 2) } else { (v + 1) / 2 };
+    let mut size = bytes >> 9;
+    for (i, unit) in UNITS.iter().enumerate() {
+        let rounded = half_round(size);
+        if rounded.unsigned_abs() < 10 * 1024 || i == UNITS.len() - 1 {
+            return format!("{rounded} {unit}");
+        }
+        size >>= 10;
+    }
+    unreachable!("the last unit returns")
+}
+
+/// What `pg_class` scans learn of relations, for the functions and tables that need it
+/// without reading `pg_class` themselves: each relation's oid by schema and name
+/// (`to_regclass`), the comments `obj_description` and `pg_description` give (a line on
+/// what each stream, sink, table and view is), and the oids datafusion-postgres gave the
+/// system catalogs that Tidemark reports as Postgres's (`pg_attribute.attrelid`). Kept
+/// current by every scan of `pg_class`.
+#[derive(Debug, Default)]
+struct Relations {
+    index: std::sync::RwLock<RelationIndex>,
+}
+
+#[derive(Debug, Default)]
+struct RelationIndex {
+    comments: HashMap<i32, String>,
+    by_name: HashMap<(String, String), i32>,
+    /// datafusion-postgres's oid of a system catalog, to Postgres's.
+    renumbered: HashMap<i32, i32>,
+}
+
+impl Relations {
+    fn set(&self, index: RelationIndex) {
+        *self.index.write().unwrap_or_else(|e| e.into_inner()) = index;
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, RelationIndex> {
+        self.index.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn comment(&self, oid: i32) -> Option<String> {
+        self.read().comments.get(&oid).cloned()
+    }
+
+    fn comments(&self) -> Vec<(i32, String)> {
+        let mut all: Vec<_> = self
+            .read()
+            .comments
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        all.sort();
+        all
+    }
+
+    /// The oid of a relation named as `regclass` input: `name` or `schema.name`, quoted
+    /// or not; an unqualified name is looked up in `pg_catalog`, then `public` (Postgres's
+    /// search path).
+    fn oid_of(&self, text: &str) -> Option<i32> {
+        let parts = parse_qualified(text)?;
+        let index = self.read();
+        match parts.as_slice() {
+            [name] => super::rewrite::system_catalog_oid(name)
+                .or_else(|| {
+                    index
+                        .by_name
+                        .get(&("pg_catalog".into(), name.clone()))
+                        .copied()
+                })
+                .or_else(|| index.by_name.get(&("public".into(), name.clone())).copied()),
+            [schema, name] => index.by_name.get(&(schema.clone(), name.clone())).copied(),
+            _ => None,
+        }
+    }
+}
+
+/// `a.b` / `"A".b` / `a` as its parts, unquoted (quoted parts keep their case, others
+/// fold to lower case); `None` when the text is not a qualified name.
+fn parse_qualified(text: &str) -> Option<Vec<String>> {
+    let mut parts = Vec::new();
+    let mut chars = text.trim().chars().peekable();
+    loop {
+        let mut part = String::new();
+        if chars.peek() == Some(&'"') {
+            chars.next();
+            loop {
+                match chars.next()? {
+                    '"' if chars.peek() == Some(&'"') => {
+                        chars.next();
+                        part.push('"');
+                    }
+                    '"' => break,
+                    c => part.push(c),
+                }
+            }
+        } else {
+            while let Some(&c) = chars.peek() {
+                if c == '.' {
+                    break;
+                }
+                part.extend(c.to_lowercase());
+                chars.next();
+            }
+            if part.is_empty() {
+                return None;
+            }
+        }
+        parts.push(part);
+        match chars.next() {
+            None => return Some(parts),
+            Some('.') => {}
+            Some(_) => return None,
+        }
+    }
+}
+
+/// `to_regclass(text)`: the relation's oid ([`Relations::oid_of`]), NULL when there is no
+/// such relation.
+fn to_regclass_udf(relations: Arc<Relations>) -> ScalarUDF {
+    create_udf(
+        "to_regclass",
+        vec![DataType::Utf8],
+        DataType::Int32,
+        Volatility::Stable,
+        Arc::new(move |args: &[ColumnarValue]| {
+            let a = args[0].to_array(1)?;
+            let a = datafusion::arrow::compute::cast(&a, &DataType::Utf8)?;
+            let oids: Int32Array = a
+                .as_string::<i32>()
+                .iter()
+                .map(|t| t.and_then(|t| relations.oid_of(t)))
+                .collect();
+            Ok(match &args[0] {
+                ColumnarValue::Scalar(_) => {
+                    ColumnarValue::Scalar(ScalarValue::try_from_array(&oids, 0)?)
+                }
+                ColumnarValue::Array(_) => ColumnarValue::Array(Arc::new(oids)),
+            })
+        }),
+    )
+}
+
+/// `obj_description(oid [, catalog])`: a relation's comment ([`Relations`]); NULL for
+/// every other object.
+fn obj_description_udf(relations: Arc<Relations>) -> ScalarUDF {
+    ScalarUDF::new_from_impl(ObjDescription {
+        relations,
+        signature: Signature::one_of(
+            vec![
+                datafusion::logical_expr::TypeSignature::Exact(vec![DataType::Int64]),
+                datafusion::logical_expr::TypeSignature::Exact(vec![
+                    DataType::Int64,
+                    DataType::Utf8,
+                ]),
+            ],
+            Volatility::Stable,
+        ),
+    })
+}
+
+#[derive(Debug)]
+struct ObjDescription {
+    relations: Arc<Relations>,
+    signature: Signature,
+}
+
+impl PartialEq for ObjDescription {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.relations, &other.relations)
+    }
+}
+
+impl Eq for ObjDescription {}
+
+impl std::hash::Hash for ObjDescription {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        "obj_description".hash(state);
+    }
+}
+
+impl ScalarUDFImpl for ObjDescription {
+    fn name(&self) -> &str {
+        "obj_description"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let n = args.number_rows;
+        let oids = args.args[0].to_array(n)?;
+        let oids = datafusion::arrow::compute::cast(&oids, &DataType::Int32)?;
+        let catalogs = match args.args.get(1) {
+            Some(c) => Some(datafusion::arrow::compute::cast(
+                &c.to_array(n)?,
+                &DataType::Utf8,
+            )?),
+            None => None,
+        };
+        let out: StringArray = (0..n)
+            .map(|i| {
+                let oids = oids.as_primitive::<datafusion::arrow::datatypes::Int32Type>();
+                if oids.is_null(i) {
+                    return None;
+                }
+                let of_class = catalogs.as_ref().is_none_or(|c| {
+                    let c = c.as_string::<i32>();
+                    !c.is_null(i) && c.value(i) == "pg_class"
+                });
+                of_class
+                    .then(|| self.relations.comment(oids.value(i)))
+                    .flatten()
+            })
+            .collect();
+        Ok(ColumnarValue::Array(Arc::new(out)))
+    }
+}
+
 #[derive(Debug)]
 struct PgCatalog {
     inner: Arc<dyn SchemaProvider>,
     /// Where streams, sinks and views are.
     public: Arc<dyn SchemaProvider>,
+    engine: Weak<Engine>,
+    relations: Arc<Relations>,
 }
 
 /// The materialized views of `public`: name and definition.
@@ -241,6 +568,33 @@ async fn views(public: &Arc<dyn SchemaProvider>) -> Result<Vec<(String, String)>
     Ok(out)
 }
 
+impl PgCatalog {
+    async fn pg_class(&self) -> Result<Option<Arc<PgClass>>> {
+        let (Some(inner), Some(namespaces)) = (
+            self.inner.table("pg_class").await?,
+            self.inner.table("pg_namespace").await?,
+        ) else {
+            return Ok(None);
+        };
+        Ok(Some(Arc::new(PgClass {
+            inner,
+            namespaces,
+            public: self.public.clone(),
+            engine: self.engine.clone(),
+            relations: self.relations.clone(),
+        })))
+    }
+}
+
+/// Every batch of `table`, unfiltered.
+async fn collect_all(
+    table: &Arc<dyn TableProvider>,
+    state: &dyn Session,
+) -> Result<Vec<RecordBatch>> {
+    let plan = table.scan(state, None, &[], None).await?;
+    datafusion::physical_plan::collect(plan, state.task_ctx()).await
+}
+
 #[async_trait]
 impl SchemaProvider for PgCatalog {
     fn table_names(&self) -> Vec<String> {
@@ -249,12 +603,36 @@ impl SchemaProvider for PgCatalog {
 
     async fn table(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>> {
         match name.to_ascii_lowercase().as_str() {
-            "pg_class" => Ok(self.inner.table(name).await?.map(|inner| {
-                Arc::new(PgClass {
+            "pg_class" => Ok(self.pg_class().await?.map(|c| c as Arc<dyn TableProvider>)),
+            "pg_description" => {
+                let (Some(class), Some(inner)) =
+                    (self.pg_class().await?, self.inner.table(name).await?)
+                else {
+                    return Ok(None);
+                };
+                Ok(Some(Arc::new(PgDescription {
                     inner,
-                    public: self.public.clone(),
-                }) as Arc<dyn TableProvider>
-            })),
+                    class,
+                    relations: self.relations.clone(),
+                })))
+            }
+            "pg_attribute" => {
+                let (Some(class), Some(inner)) =
+                    (self.pg_class().await?, self.inner.table(name).await?)
+                else {
+                    return Ok(None);
+                };
+                Ok(Some(Arc::new(PgAttribute {
+                    inner,
+                    class,
+                    relations: self.relations.clone(),
+                })))
+            }
+            "pg_database" => Ok(self
+                .inner
+                .table(name)
+                .await?
+                .map(|inner| Arc::new(PgDatabase { inner }) as Arc<dyn TableProvider>)),
             "pg_matviews" => Ok(Some(Arc::new(pg_matviews(&views(&self.public).await?)?))),
             "pg_settings" => Ok(Some(Arc::new(pg_settings()?))),
             _ => self.inner.table(name).await,
@@ -360,11 +738,181 @@ fn pg_matviews(views: &[(String, String)]) -> Result<MemTable> {
     MemTable::try_new(schema, vec![vec![batch]])
 }
 
-/// datafusion-postgres's `pg_class` with relkind `m` for materialized views.
+/// datafusion-postgres's `pg_class` with relkind `m` for materialized views. Each scan
+/// also refreshes the relations' comments ([`Relations`]).
 #[derive(Debug)]
 struct PgClass {
     inner: Arc<dyn TableProvider>,
+    namespaces: Arc<dyn TableProvider>,
     public: Arc<dyn SchemaProvider>,
+    engine: Weak<Engine>,
+    relations: Arc<Relations>,
+}
+
+impl PgClass {
+    /// `pg_class`'s rows, patched, after refreshing [`Relations`]: a materialized view is
+    /// relkind `m`, and a system catalog has Postgres's oid (the one `pg_type.typrelid`,
+    /// `pg_constraint.conrelid` and `'pg_class'::regclass` give).
+    async fn batches(&self, state: &dyn Session) -> Result<Vec<RecordBatch>> {
+        let schema = self.inner.schema();
+        let batches = collect_all(&self.inner, state).await?;
+        let views: Vec<String> = views(&self.public)
+            .await?
+            .into_iter()
+            .map(|v| v.0)
+            .collect();
+        let (Ok(name_idx), Ok(kind_idx), Ok(oid_idx), Ok(ns_idx)) = (
+            schema.index_of("relname"),
+            schema.index_of("relkind"),
+            schema.index_of("oid"),
+            schema.index_of("relnamespace"),
+        ) else {
+            return Ok(batches);
+        };
+        let namespaces = self.namespace_names(state).await?;
+        let relations = match self.engine.upgrade() {
+            Some(e) => e.relations().await,
+            None => Vec::new(),
+        };
+        let mut index = RelationIndex::default();
+        let mut patched = Vec::with_capacity(batches.len());
+        for b in batches {
+            let (Some(names), Some(kinds), Some(oids), Some(nss)) = (
+                b.column(name_idx).as_string_opt::<i32>(),
+                b.column(kind_idx).as_string_opt::<i32>(),
+                b.column(oid_idx)
+                    .as_primitive_opt::<datafusion::arrow::datatypes::Int32Type>(),
+                b.column(ns_idx)
+                    .as_primitive_opt::<datafusion::arrow::datatypes::Int32Type>(),
+            ) else {
+                patched.push(b);
+                continue;
+            };
+            let mut new_oids = Vec::with_capacity(b.num_rows());
+            for i in 0..b.num_rows() {
+                if names.is_null(i) || oids.is_null(i) || nss.is_null(i) {
+                    new_oids.push((!oids.is_null(i)).then(|| oids.value(i)));
+                    continue;
+                }
+                let (name, mut oid) = (names.value(i), oids.value(i));
+                let ns = namespaces.get(&nss.value(i)).map(String::as_str);
+                if ns == Some("pg_catalog")
+                    && let Some(real) = super::rewrite::system_catalog_oid(name)
+                {
+                    index.renumbered.insert(oid, real);
+                    oid = real;
+                }
+                if ns == Some("public")
+                    && let Some(r) = relations.iter().find(|r| r.name == name)
+                {
+                    index.comments.insert(oid, r.description.clone());
+                }
+                if let Some(ns) = ns {
+                    index
+                        .by_name
+                        .insert((ns.to_string(), name.to_string()), oid);
+                }
+                new_oids.push(Some(oid));
+            }
+            let kinds: StringArray = (0..b.num_rows())
+                .map(|i| {
+                    if !names.is_null(i) && views.iter().any(|v| v == names.value(i)) {
+                        Some("m")
+                    } else if kinds.is_null(i) {
+                        None
+                    } else {
+                        Some(kinds.value(i))
+                    }
+                })
+                .collect();
+            let mut cols = b.columns().to_vec();
+            cols[kind_idx] = Arc::new(kinds);
+            cols[oid_idx] = Arc::new(Int32Array::from(new_oids));
+            patched.push(RecordBatch::try_new(b.schema(), cols)?);
+        }
+        self.relations.set(index);
+        Ok(patched)
+    }
+
+    /// Each schema's name by oid.
+    async fn namespace_names(&self, state: &dyn Session) -> Result<HashMap<i32, String>> {
+        let mut out = HashMap::new();
+        for b in collect_all(&self.namespaces, state).await? {
+            let (Ok(oid_idx), Ok(name_idx)) =
+                (b.schema().index_of("oid"), b.schema().index_of("nspname"))
+            else {
+                break;
+            };
+            let (Some(oids), Some(names)) = (
+                b.column(oid_idx)
+                    .as_primitive_opt::<datafusion::arrow::datatypes::Int32Type>(),
+                b.column(name_idx).as_string_opt::<i32>(),
+            ) else {
+                break;
+            };
+            for i in 0..b.num_rows() {
+                if !names.is_null(i) && !oids.is_null(i) {
+                    out.insert(oids.value(i), names.value(i).to_string());
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// datafusion-postgres's `pg_attribute`, with the system catalogs' `attrelid` renumbered
+/// as `pg_class` numbers them ([`PgClass::batches`]).
+#[derive(Debug)]
+struct PgAttribute {
+    inner: Arc<dyn TableProvider>,
+    class: Arc<PgClass>,
+    relations: Arc<Relations>,
+}
+
+#[async_trait]
+impl TableProvider for PgAttribute {
+    fn schema(&self) -> SchemaRef {
+        self.inner.schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::View
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let schema = self.inner.schema();
+        self.class.batches(state).await?;
+        let mut batches = collect_all(&self.inner, state).await?;
+        if let Ok(idx) = schema.index_of("attrelid") {
+            let renumbered = self.relations.read().renumbered.clone();
+            for b in &mut batches {
+                let Some(rel) = b
+                    .column(idx)
+                    .as_primitive_opt::<datafusion::arrow::datatypes::Int32Type>()
+                else {
+                    continue;
+                };
+                let rel: Int32Array = rel
+                    .iter()
+                    .map(|o| o.map(|o| renumbered.get(&o).copied().unwrap_or(o)))
+                    .collect();
+                let mut cols = b.columns().to_vec();
+                cols[idx] = Arc::new(rel);
+                *b = RecordBatch::try_new(b.schema(), cols)?;
+            }
+        }
+        Ok(MemorySourceConfig::try_new_exec(
+            &[batches],
+            schema,
+            projection.cloned(),
+        )?)
+    }
 }
 
 #[async_trait]
@@ -384,57 +932,187 @@ impl TableProvider for PgClass {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let schema = self.inner.schema();
-        let plan = self.inner.scan(state, None, &[], None).await?;
-        let batches = datafusion::physical_plan::collect(plan, state.task_ctx()).await?;
-        let views: Vec<String> = views(&self.public)
-            .await?
-            .into_iter()
-            .map(|v| v.0)
-            .collect();
-        let (Ok(name_idx), Ok(kind_idx)) = (schema.index_of("relname"), schema.index_of("relkind"))
-        else {
-            return Ok(MemorySourceConfig::try_new_exec(
-                &[batches],
-                schema,
-                projection.cloned(),
-            )?);
-        };
-        let mut patched = Vec::with_capacity(batches.len());
-        for b in batches {
-            let (Some(names), Some(kinds)) = (
-                b.column(name_idx).as_string_opt::<i32>(),
-                b.column(kind_idx).as_string_opt::<i32>(),
-            ) else {
-                patched.push(b);
-                continue;
-            };
-            let kinds: StringArray = (0..b.num_rows())
-                .map(|i| {
-                    if !names.is_null(i) && views.iter().any(|v| v == names.value(i)) {
-                        Some("m")
-                    } else if kinds.is_null(i) {
-                        None
-                    } else {
-                        Some(kinds.value(i))
-                    }
-                })
-                .collect();
-            let mut cols = b.columns().to_vec();
-            cols[kind_idx] = Arc::new(kinds);
-            patched.push(RecordBatch::try_new(b.schema(), cols)?);
-        }
+        let batches = self.batches(state).await?;
         Ok(MemorySourceConfig::try_new_exec(
-            &[patched],
+            &[batches],
+            self.inner.schema(),
+            projection.cloned(),
+        )?)
+    }
+}
+
+/// datafusion-postgres's `pg_description` (its built-in functions' descriptions) and a
+/// row for each relation that has a comment ([`Relations`]), `classoid` `pg_class`.
+#[derive(Debug)]
+struct PgDescription {
+    inner: Arc<dyn TableProvider>,
+    class: Arc<PgClass>,
+    relations: Arc<Relations>,
+}
+
+/// Postgres's oid of `pg_class`, the `classoid` of a relation's comment.
+const PG_CLASS_OID: i32 = 1259;
+
+#[async_trait]
+impl TableProvider for PgDescription {
+    fn schema(&self) -> SchemaRef {
+        self.inner.schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::View
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let schema = self.inner.schema();
+        // Refreshes the comments.
+        self.class.batches(state).await?;
+        let mut batches = collect_all(&self.inner, state).await?;
+        let comments = self.relations.comments();
+        let columns: Vec<ArrayRef> = schema
+            .fields()
+            .iter()
+            .map(|f| -> Result<ArrayRef> {
+                Ok(match f.name().as_str() {
+                    "objoid" => {
+                        Arc::new(Int32Array::from_iter_values(comments.iter().map(|c| c.0)))
+                    }
+                    "classoid" => Arc::new(Int32Array::from(vec![PG_CLASS_OID; comments.len()])),
+                    "objsubid" => Arc::new(Int32Array::from(vec![0; comments.len()])),
+                    "description" => Arc::new(StringArray::from_iter_values(
+                        comments.iter().map(|c| c.1.as_str()),
+                    )),
+                    _ => datafusion::arrow::array::new_null_array(f.data_type(), comments.len()),
+                })
+            })
+            .collect::<Result<_>>()?;
+        let columns = columns
+            .into_iter()
+            .zip(schema.fields())
+            .map(|(c, f)| datafusion::arrow::compute::cast(&c, f.data_type()))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        batches.push(RecordBatch::try_new(schema.clone(), columns)?);
+        Ok(MemorySourceConfig::try_new_exec(
+            &[batches],
             schema,
             projection.cloned(),
         )?)
     }
 }
 
+/// `pg_database`: one database per name clients are connected with, and `postgres`.
+/// Tidemark has one database and answers to any name; each name a client uses is listed,
+/// so the database a client connected to is the one `\l` and `pg_database` show (and
+/// `current_database()` answers, [`super::rewrite`]). The columns are the `postgres`
+/// row's of datafusion-postgres's table.
+#[derive(Debug)]
+struct PgDatabase {
+    inner: Arc<dyn TableProvider>,
+}
+
+#[async_trait]
+impl TableProvider for PgDatabase {
+    fn schema(&self) -> SchemaRef {
+        self.inner.schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::View
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let schema = self.inner.schema();
+        let batches = collect_all(&self.inner, state).await?;
+        let all = datafusion::arrow::compute::concat_batches(&schema, &batches)?;
+        let names = super::session::databases_in_use();
+        let (Ok(oid_idx), Ok(name_idx)) = (schema.index_of("oid"), schema.index_of("datname"))
+        else {
+            return Ok(MemorySourceConfig::try_new_exec(
+                &[vec![all]],
+                schema,
+                projection.cloned(),
+            )?);
+        };
+        let template = (0..all.num_rows())
+            .find(|&i| {
+                all.column(name_idx)
+                    .as_string_opt::<i32>()
+                    .is_some_and(|n| n.value(i) == "postgres")
+            })
+            .unwrap_or(0);
+        if all.num_rows() == 0 {
+            return Ok(MemorySourceConfig::try_new_exec(
+                &[vec![all]],
+                schema,
+                projection.cloned(),
+            )?);
+        }
+        let indices =
+            datafusion::arrow::array::UInt32Array::from(vec![template as u32; names.len()]);
+        let mut columns: Vec<ArrayRef> = all
+            .columns()
+            .iter()
+            .map(|c| datafusion::arrow::compute::take(c, &indices, None))
+            .collect::<std::result::Result<_, _>>()?;
+        columns[oid_idx] = Arc::new(Int32Array::from_iter_values(
+            names.iter().map(|n| database_oid(n)),
+        ));
+        columns[name_idx] = Arc::new(StringArray::from_iter_values(names.iter()));
+        let batch = RecordBatch::try_new(schema.clone(), columns)?;
+        Ok(MemorySourceConfig::try_new_exec(
+            &[vec![batch]],
+            schema,
+            projection.cloned(),
+        )?)
+    }
+}
+
+/// A database's oid: Postgres's 5 for `postgres`, otherwise one derived from the name
+/// (stable across restarts, above the range Postgres reserves for its own objects).
+fn database_oid(name: &str) -> i32 {
+    if name == "postgres" {
+        return 5;
+    }
+    // FNV-1a
+    let mut h: u32 = 0x811c_9dc5;
+    for b in name.bytes() {
+        h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
+    }
+    1_000_000 + (h % 1_000_000_000) as i32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// PostgreSQL's own answers (Debian's 15, `psql -c "SELECT pg_size_pretty(n::bigint)"`;
+    /// tests/it/catalog.rs asks a live server the same).
+    #[test]
+    fn sizes_print_as_postgres_prints_them() {
+        for (n, want) in [
+            (0, "0 bytes"),
+            (10239, "10239 bytes"),
+            (10240, "10 kB"),
+            (1234567, "1206 kB"),
+            (10_485_760, "10 MB"),
+            (123_456_789_012, "115 GB"),
+            (-10240, "-10 kB"),
+        ] {
+            assert_eq!(size_pretty(n), want, "{n}");
+        }
+    }
 
     #[test]
     fn type_names_resolve_as_postgres_resolves_them() {

@@ -33,7 +33,9 @@ use pgwire::api::results::{FieldInfo, QueryResponse, Response, Tag};
 use pgwire::api::stmt::QueryParser;
 use pgwire::api::store::Entry;
 use pgwire::api::store::PortalStore;
-use pgwire::api::{ClientInfo, ClientPortalStore, ConnectionManager, Type};
+use pgwire::api::{
+    ClientInfo, ClientPortalStore, ConnectionManager, METADATA_DATABASE, METADATA_USER, Type,
+};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::PgWireBackendMessage;
 use pgwire::messages::data::{DataRow, NoData, ParameterDescription};
@@ -45,6 +47,7 @@ use tokio::net::TcpListener;
 mod catalog;
 mod conn;
 mod copy;
+mod information_schema;
 mod insert;
 mod plans;
 mod rewrite;
@@ -66,7 +69,8 @@ pub const VERSION_STRING: &str = concat!(
 pub fn prepare_session(engine: &Engine) -> crate::error::Result<()> {
     let ctx = engine.context();
     setup_pg_catalog(ctx, "datafusion", EmptyContextProvider).map_err(|e| Error::DataFusion(*e))?;
-    catalog::install(ctx, "datafusion")?;
+    catalog::install(engine, "datafusion")?;
+    information_schema::install(engine, "datafusion")?;
     ctx.register_udf(version_udf());
     ctx.register_udf(session::current_setting_udf());
     Ok(())
@@ -357,7 +361,7 @@ impl SimpleQueryHandler for TidemarkService {
             return Err(to_pg_error(&e));
         }
         if pieces.iter().all(|p| matches!(p, Piece::Other(_))) {
-            let rewritten = rewrite::rewrite_catalog_query(query);
+            let rewritten = rewrite::rewrite_client_query(query, &session_facts(client));
             let query = rewritten.as_deref().unwrap_or(query);
             if pieces.len() == 1
                 && let Some(response) = self.read(client, query, None, &Format::UnifiedText).await
@@ -429,6 +433,21 @@ fn savepoint(status: TransactionStatus, c: &SavepointCommand) -> PgWireResult<Re
     }
 }
 
+/// What statement rewrites need of a connection: its database (Postgres's default is
+/// the user's name) and its pid.
+fn session_facts<C: ClientInfo + ?Sized>(client: &C) -> rewrite::SessionFacts {
+    let meta = client.metadata();
+    let database = meta
+        .get(METADATA_DATABASE)
+        .or_else(|| meta.get(METADATA_USER))
+        .cloned()
+        .unwrap_or_else(|| "postgres".to_string());
+    rewrite::SessionFacts {
+        database,
+        pid: client.pid_and_secret_key().0,
+    }
+}
+
 fn into_error_info(e: PgWireError) -> ErrorInfo {
     match e {
         PgWireError::UserError(info) => *info,
@@ -482,7 +501,7 @@ impl QueryParser for TidemarkParser {
         if let Some(e) = rewrite::refuse_unplannable(sql) {
             return Err(to_pg_error(&e));
         }
-        let rewritten = rewrite::rewrite_catalog_query(sql);
+        let rewritten = rewrite::rewrite_client_query(sql, &session_facts(client));
         let sql = rewritten.as_deref().unwrap_or(sql);
         self.inner
             .parse_sql(client, sql, types)

@@ -14,6 +14,7 @@
 
 use std::collections::HashSet;
 use std::ops::ControlFlow;
+use std::sync::LazyLock;
 
 use datafusion::sql::sqlparser::ast::helpers::attached_token::AttachedToken;
 use datafusion::sql::sqlparser::ast::{
@@ -23,16 +24,598 @@ use datafusion::sql::sqlparser::ast::{
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
 use datafusion::sql::sqlparser::parser::Parser;
 
-/// `sql` rewritten, if it is one statement that reads `pg_catalog` and has such a `CASE`.
-pub fn rewrite_catalog_query(sql: &str) -> Option<String> {
+/// What a statement's rewrite needs to know of its session.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionFacts {
+    /// The database the client connected to (Tidemark answers to any name).
+    pub database: String,
+    /// The backend's process id, as its `BackendKeyData` gave it.
+    pub pid: i32,
+}
+
+/// `sql` rewritten for DataFusion and for this session, if it is one statement that needs
+/// it (`None` otherwise, and for text that does not parse):
+/// - `current_database()` and `current_catalog` are the connected database's name, and
+///   `pg_backend_pid()` the connection's pid: the session's engine is shared by every
+///   connection, so these are filled in per statement;
+/// - `'pg_class'::regclass` (and the other system catalogs) is the catalog's oid in
+///   Postgres, the `classoid` of `pg_description`'s and `pg_depend`'s rows;
+/// - `x::regtype::text` is `format_type(x, NULL)`, the type's name (`integer`), as
+///   Postgres's `regtype` output is (pgcli's column types);
+/// - Grafana's search-path membership subquery (a function in `FROM` DataFusion cannot
+///   plan, `string_to_array(...) s`) is `SELECT unnest(current_schemas(false))`, which
+///   lists the same schemas;
+/// - in a query that reads `pg_catalog`, a select-list `CASE` of correlated subqueries is
+///   NULL (see the module's documentation).
+pub fn rewrite_client_query(sql: &str, session: &SessionFacts) -> Option<String> {
     let lower = sql.to_ascii_lowercase();
-    if !(lower.contains("pg_") && lower.contains("case") && lower.matches("select").count() > 1) {
+    let catalog_case =
+        lower.contains("pg_") && lower.contains("case") && lower.matches("select").count() > 1;
+    let per_session = [
+        "current_database",
+        "current_catalog",
+        "pg_backend_pid",
+        "regclass",
+        "regtype",
+        "search_path",
+        "format",
+    ]
+    .iter()
+    .any(|w| lower.contains(w));
+    let catalog_subqueries = (lower.contains("pg_") || lower.contains("information_schema"))
+        && lower.matches("select").count() > 1;
+    if !(catalog_case || per_session || catalog_subqueries) {
         return None;
     }
     let mut statements = Parser::parse_sql(&PostgreSqlDialect {}, sql).ok()?;
     let [stmt] = statements.as_mut_slice() else {
         return None;
     };
+    let before = unnamed_items(stmt);
+    let mut changed = false;
+    if per_session {
+        let mut session = SessionRewrite {
+            session,
+            changed: false,
+        };
+        let _ = stmt.visit(&mut session);
+        changed = session.changed;
+    }
+    if catalog_case && let Some(text) = rewrite_catalog_case(stmt) {
+        changed = true;
+        // Reparsed: the text the CASE rewrite printed is what the next passes read.
+        let mut again = Parser::parse_sql(&PostgreSqlDialect {}, &text).ok()?;
+        let [s] = again.as_mut_slice() else {
+            return Some(text);
+        };
+        *stmt = s.clone();
+    }
+    if catalog_subqueries && reads_catalog(stmt) {
+        let mut aggregate = AggregateCorrelatedSubqueries { changed: false };
+        let _ = stmt.visit(&mut aggregate);
+        changed |= aggregate.changed;
+    }
+    if changed {
+        keep_names(stmt, before);
+    }
+    // Grafana's search-path query is one datafusion-postgres replaces (with no rows);
+    // Tidemark answers it.
+    let search_path = lower.contains("current_setting('search_path')");
+    if !changed || (!search_path && replaced_by_datafusion_postgres(sql)) {
+        return None;
+    }
+    Some(stmt.to_string())
+}
+
+/// The unnamed select-list items of every query of `stmt`, in visiting order.
+fn unnamed_items(stmt: &mut datafusion::sql::sqlparser::ast::Statement) -> Vec<Vec<Option<Expr>>> {
+    struct Collect(Vec<Vec<Option<Expr>>>);
+    impl VisitorMut for Collect {
+        type Break = ();
+        fn pre_visit_query(&mut self, query: &mut Query) -> ControlFlow<()> {
+            self.0.push(match query.body.as_ref() {
+                SetExpr::Select(select) => select
+                    .projection
+                    .iter()
+                    .map(|item| match item {
+                        SelectItem::UnnamedExpr(e) => Some(e.clone()),
+                        _ => None,
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            });
+            ControlFlow::Continue(())
+        }
+    }
+    let mut c = Collect(Vec::new());
+    let _ = stmt.visit(&mut c);
+    c.0
+}
+
+/// Gives each select-list item a rewrite changed the name Postgres gives the original
+/// (`SELECT current_database()` answers a column `current_database`), unless another
+/// item has that name. `before` is [`unnamed_items`] of the statement before the
+/// rewrites; nothing is named if the rewrites changed how many queries there are.
+fn keep_names(
+    stmt: &mut datafusion::sql::sqlparser::ast::Statement,
+    before: Vec<Vec<Option<Expr>>>,
+) {
+    struct Name {
+        before: Vec<Vec<Option<Expr>>>,
+        next: usize,
+    }
+    impl VisitorMut for Name {
+        type Break = ();
+        fn pre_visit_query(&mut self, query: &mut Query) -> ControlFlow<()> {
+            let originals = self.before.get(self.next).cloned().unwrap_or_default();
+            self.next += 1;
+            let SetExpr::Select(select) = query.body.as_mut() else {
+                return ControlFlow::Continue(());
+            };
+            let names: Vec<Option<String>> = select
+                .projection
+                .iter()
+                .map(|item| match item {
+                    SelectItem::UnnamedExpr(e) => figure_colname(e).map(|(n, _)| n),
+                    SelectItem::ExprWithAlias { alias, .. } => Some(alias.value.clone()),
+                    _ => None,
+                })
+                .collect();
+            for (i, item) in select.projection.iter_mut().enumerate() {
+                let SelectItem::UnnamedExpr(e) = item else {
+                    continue;
+                };
+                let Some(Some(original)) = originals.get(i) else {
+                    continue;
+                };
+                if original == e {
+                    continue;
+                }
+                let name = figure_colname(original).map_or_else(|| "?column?".to_string(), |n| n.0);
+                let unique = names
+                    .iter()
+                    .enumerate()
+                    .all(|(j, n)| j == i || n.as_deref() != Some(name.as_str()));
+                if unique {
+                    *item = SelectItem::ExprWithAlias {
+                        expr: e.clone(),
+                        alias: datafusion::sql::sqlparser::ast::Ident::with_quote('"', name),
+                    };
+                }
+            }
+            ControlFlow::Continue(())
+        }
+    }
+    if unnamed_items(stmt).len() != before.len() {
+        return;
+    }
+    let _ = stmt.visit(&mut Name { before, next: 0 });
+}
+
+/// Whether datafusion-postgres answers `sql` with a whole-query replacement of its own
+/// (its list of client queries DataFusion cannot run, psql's `\d` among them), which
+/// matches the client's text: a rewrite here would stop the match.
+fn replaced_by_datafusion_postgres(sql: &str) -> bool {
+    use datafusion_postgres::datafusion_pg_catalog::sql::PostgresCompatibilityParser;
+    static PARSER: LazyLock<PostgresCompatibilityParser> =
+        LazyLock::new(PostgresCompatibilityParser::new);
+    match (
+        PARSER.parse(sql),
+        Parser::parse_sql(&PostgreSqlDialect {}, sql),
+    ) {
+        (Ok(theirs), Ok(plain)) => {
+            theirs
+                != plain
+                    .into_iter()
+                    .map(|s| PARSER.rewrite(s))
+                    .collect::<Vec<_>>()
+        }
+        _ => false,
+    }
+}
+
+/// Whether `stmt` reads `pg_catalog` or `information_schema`.
+fn reads_catalog(stmt: &datafusion::sql::sqlparser::ast::Statement) -> bool {
+    let mut reads = false;
+    let _ = visit_relations(stmt, |name| {
+        let text = name.to_string().to_ascii_lowercase();
+        if text.starts_with("pg_") || text.contains("information_schema.") {
+            reads = true;
+            return ControlFlow::Break(());
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    reads
+}
+
+/// In a query that reads the catalogs, a correlated scalar subquery that is not
+/// aggregated (`(SELECT c.relkind FROM pg_class c WHERE c.oid = t.typrelid)`: pgcli's data
+/// types, Npgsql's type loading, SQLAlchemy's columns) becomes `((SELECT max(...) ...))`.
+/// DataFusion refuses the first form ("must be aggregated to return at most one row") and
+/// plans the second as a join; the catalog keys such lookups use match one row at most,
+/// which `max` returns unchanged. The extra parentheses keep datafusion-postgres from
+/// replacing the subquery with NULL (its rule for select-list subqueries).
+struct AggregateCorrelatedSubqueries {
+    changed: bool,
+}
+
+const AGGREGATES: [&str; 11] = [
+    "max",
+    "min",
+    "count",
+    "sum",
+    "avg",
+    "array_agg",
+    "string_agg",
+    "bool_and",
+    "bool_or",
+    "json_agg",
+    "every",
+];
+
+impl VisitorMut for AggregateCorrelatedSubqueries {
+    type Break = ();
+
+    fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
+        let Expr::Subquery(query) = expr else {
+            return ControlFlow::Continue(());
+        };
+        if !is_correlated(query) || !correlated_by_equalities(query) {
+            return ControlFlow::Continue(());
+        }
+        let SetExpr::Select(select) = query.body.as_mut() else {
+            return ControlFlow::Continue(());
+        };
+        let grouped = !matches!(
+            &select.group_by,
+            datafusion::sql::sqlparser::ast::GroupByExpr::Expressions(e, _) if e.is_empty()
+        );
+        if grouped || select.having.is_some() || query.order_by.is_some() {
+            return ControlFlow::Continue(());
+        }
+        let [item] = select.projection.as_mut_slice() else {
+            return ControlFlow::Continue(());
+        };
+        let (SelectItem::UnnamedExpr(value) | SelectItem::ExprWithAlias { expr: value, .. }) = item
+        else {
+            return ControlFlow::Continue(());
+        };
+        if let Expr::Function(f) = value
+            && AGGREGATES.contains(&function_name(f).as_str())
+        {
+            return ControlFlow::Continue(());
+        }
+        let wrapped = format!("max({value})");
+        let Ok(call) = Parser::new(&PostgreSqlDialect {})
+            .try_with_sql(&wrapped)
+            .and_then(|mut p| p.parse_expr())
+        else {
+            return ControlFlow::Continue(());
+        };
+        *value = call;
+        // `LIMIT 1` was the client's way of saying "one row"; max says it now.
+        query.limit_clause = None;
+        *expr = Expr::Nested(Box::new(expr.clone()));
+        self.changed = true;
+        ControlFlow::Continue(())
+    }
+}
+
+/// Postgres's oids of the system catalogs clients name in `'...'::regclass`.
+const SYSTEM_CATALOG_OIDS: &[(&str, i32)] = &[
+    ("pg_aggregate", 2600),
+    ("pg_am", 2601),
+    ("pg_attrdef", 2604),
+    ("pg_attribute", 1249),
+    ("pg_authid", 1260),
+    ("pg_cast", 2605),
+    ("pg_class", 1259),
+    ("pg_collation", 3456),
+    ("pg_constraint", 2606),
+    ("pg_database", 1262),
+    ("pg_depend", 2608),
+    ("pg_description", 2609),
+    ("pg_enum", 3501),
+    ("pg_extension", 3079),
+    ("pg_index", 2610),
+    ("pg_inherits", 2611),
+    ("pg_language", 2612),
+    ("pg_namespace", 2615),
+    ("pg_opclass", 2616),
+    ("pg_operator", 2617),
+    ("pg_proc", 1255),
+    ("pg_range", 3541),
+    ("pg_rewrite", 2618),
+    ("pg_sequence", 2224),
+    ("pg_tablespace", 1213),
+    ("pg_trigger", 2620),
+    ("pg_type", 1247),
+];
+
+/// The Postgres oid of a system catalog named as `regclass` input (`pg_class`,
+/// `pg_catalog.pg_class`).
+pub fn system_catalog_oid(name: &str) -> Option<i32> {
+    let name = name.trim().to_ascii_lowercase();
+    let name = name.strip_prefix("pg_catalog.").unwrap_or(&name);
+    SYSTEM_CATALOG_OIDS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, oid)| *oid)
+}
+
+struct SessionRewrite<'a> {
+    session: &'a SessionFacts,
+    changed: bool,
+}
+
+fn type_name_is(t: &datafusion::sql::sqlparser::ast::DataType, names: &[&str]) -> bool {
+    let text = t.to_string().to_ascii_lowercase();
+    let text = text.strip_prefix("pg_catalog.").unwrap_or(&text);
+    names.contains(&text)
+}
+
+fn function_name(f: &datafusion::sql::sqlparser::ast::Function) -> String {
+    let text = f.name.to_string().to_ascii_lowercase();
+    text.strip_prefix("pg_catalog.")
+        .unwrap_or(&text)
+        .to_string()
+}
+
+fn has_no_arguments(f: &datafusion::sql::sqlparser::ast::Function) -> bool {
+    use datafusion::sql::sqlparser::ast::FunctionArguments;
+    match &f.args {
+        FunctionArguments::None => true,
+        FunctionArguments::List(l) => l.args.is_empty(),
+        FunctionArguments::Subquery(_) => false,
+    }
+}
+
+impl VisitorMut for SessionRewrite<'_> {
+    type Break = ();
+
+    fn pre_visit_query(&mut self, query: &mut Query) -> ControlFlow<()> {
+        if is_search_path_membership(query) {
+            let replacement = Parser::parse_sql(
+                &PostgreSqlDialect {},
+                "SELECT unnest(current_schemas(false))",
+            );
+            if let Ok(mut stmts) = replacement
+                && let Some(datafusion::sql::sqlparser::ast::Statement::Query(q)) = stmts.pop()
+            {
+                *query = *q;
+                self.changed = true;
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
+        let text = |s: &str| Expr::Value(Value::SingleQuotedString(s.to_string()).into());
+        let number = |n: i32| Expr::Value(Value::Number(n.to_string(), false).into());
+        let replacement = match expr {
+            Expr::Function(f) if has_no_arguments(f) => match function_name(f).as_str() {
+                "current_database" | "current_catalog" => Some(text(&self.session.database)),
+                "pg_backend_pid" => Some(number(self.session.pid)),
+                _ => None,
+            },
+            Expr::Cast {
+                expr: inner,
+                data_type,
+                ..
+            } if type_name_is(data_type, &["regclass"]) => match inner.as_ref() {
+                Expr::Value(v) => match &v.value {
+                    Value::SingleQuotedString(name) => system_catalog_oid(name).map(number),
+                    _ => None,
+                },
+                // Text computed per row (Metabase's `format('%I.%I', ...)::regclass`),
+                // which datafusion-postgres would cast as an integer.
+                e if is_text_expression(e) => {
+                    Some(Expr::Function(datafusion::sql::sqlparser::ast::Function {
+                        name: datafusion::sql::sqlparser::ast::ObjectName::from(vec![
+                            datafusion::sql::sqlparser::ast::Ident::new("to_regclass"),
+                        ]),
+                        uses_odbc_syntax: false,
+                        parameters: datafusion::sql::sqlparser::ast::FunctionArguments::None,
+                        args: datafusion::sql::sqlparser::ast::FunctionArguments::List(
+                            datafusion::sql::sqlparser::ast::FunctionArgumentList {
+                                duplicate_treatment: None,
+                                args: vec![datafusion::sql::sqlparser::ast::FunctionArg::Unnamed(
+                                    datafusion::sql::sqlparser::ast::FunctionArgExpr::Expr(
+                                        e.clone(),
+                                    ),
+                                )],
+                                clauses: vec![],
+                            },
+                        ),
+                        filter: None,
+                        null_treatment: None,
+                        over: None,
+                        within_group: vec![],
+                    }))
+                }
+                _ => None,
+            },
+            Expr::Cast {
+                expr: inner,
+                data_type,
+                ..
+            } if type_name_is(data_type, &["text", "varchar", "character varying", "name"]) => {
+                match inner.as_ref() {
+                    Expr::Cast {
+                        data_type: inner_type,
+                        ..
+                    } if type_name_is(inner_type, &["regtype"]) => {
+                        let call = format!("format_type({inner}, NULL)");
+                        Parser::new(&PostgreSqlDialect {})
+                            .try_with_sql(&call)
+                            .and_then(|mut p| p.parse_expr())
+                            .ok()
+                    }
+                    _ => None,
+                }
+            }
+            Expr::Function(f) if function_name(f) == "format" => format_call(f),
+            _ => None,
+        };
+        if let Some(r) = replacement {
+            *expr = r;
+            self.changed = true;
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+/// The name Postgres gives an unaliased select-list expression, and how strongly
+/// (Postgres's `FigureColname`): a column or function names it (2); a cast with a weaker
+/// operand or a `CASE` names it after itself (1); constants and operators do not.
+fn figure_colname(e: &Expr) -> Option<(String, u8)> {
+    match e {
+        Expr::Identifier(i) => Some((i.value.clone(), 2)),
+        Expr::CompoundIdentifier(parts) => parts.last().map(|i| (i.value.clone(), 2)),
+        Expr::Function(f) => f
+            .name
+            .0
+            .last()
+            .and_then(|p| p.as_ident())
+            .map(|i| (i.value.to_ascii_lowercase(), 2)),
+        Expr::Nested(inner) => figure_colname(inner),
+        Expr::Cast {
+            expr, data_type, ..
+        } => match figure_colname(expr) {
+            Some(strong) if strong.1 == 2 => Some(strong),
+            _ => {
+                let t = data_type.to_string().to_ascii_lowercase();
+                let t = t.rsplit('.').next().unwrap_or(&t).to_string();
+                Some((t, 1))
+            }
+        },
+        Expr::Case { .. } => Some(("case".into(), 1)),
+        Expr::Exists { .. } => Some(("exists".into(), 2)),
+        Expr::Subquery(q) => match q.body.as_ref() {
+            SetExpr::Select(select) => match select.projection.first()? {
+                SelectItem::ExprWithAlias { alias, .. } => Some((alias.value.clone(), 2)),
+                SelectItem::UnnamedExpr(e) => Some((
+                    figure_colname(e).map_or_else(|| "?column?".to_string(), |n| n.0),
+                    2,
+                )),
+                _ => None,
+            },
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// `format('...', args)` with a literal format string, as the concatenation it makes:
+/// `%s` is the argument as text ('' for NULL), `%I` `quote_ident(...)`, `%L` a quoted
+/// literal (`NULL` for NULL), `%%` a percent sign; `%n$` picks argument n. `None` for any
+/// other specification (widths, flags), which is left to fail as before.
+fn format_call(f: &datafusion::sql::sqlparser::ast::Function) -> Option<Expr> {
+    use datafusion::sql::sqlparser::ast::{FunctionArg, FunctionArgExpr, FunctionArguments};
+    let FunctionArguments::List(list) = &f.args else {
+        return None;
+    };
+    let args: Vec<&Expr> = list
+        .args
+        .iter()
+        .map(|a| match a {
+            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(e),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let (spec, rest) = args.split_first()?;
+    let Expr::Value(v) = spec else {
+        return None;
+    };
+    let Value::SingleQuotedString(spec) = &v.value else {
+        return None;
+    };
+    let quote = |s: &str| format!("'{}'", s.replace('\'', "''"));
+    let mut parts: Vec<String> = Vec::new();
+    let mut literal = String::new();
+    let mut next = 0usize;
+    let mut chars = spec.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            literal.push(c);
+            continue;
+        }
+        let mut digits = String::new();
+        while let Some(d) = chars.peek().filter(|d| d.is_ascii_digit()) {
+            digits.push(*d);
+            chars.next();
+        }
+        let index = if digits.is_empty() {
+            next
+        } else {
+            if chars.next() != Some('$') {
+                return None;
+            }
+            digits.parse::<usize>().ok()?.checked_sub(1)?
+        };
+        let conversion = chars.next()?;
+        if conversion == '%' && digits.is_empty() {
+            literal.push('%');
+            continue;
+        }
+        let arg = rest.get(index)?;
+        next = index + 1;
+        if !literal.is_empty() {
+            parts.push(quote(&std::mem::take(&mut literal)));
+        }
+        parts.push(match conversion {
+            's' => format!("coalesce(CAST(({arg}) AS TEXT), '')"),
+            'I' => format!("quote_ident(CAST(({arg}) AS TEXT))"),
+            'L' => format!(
+                "CASE WHEN ({arg}) IS NULL THEN 'NULL' ELSE chr(39) || \
+                 replace(CAST(({arg}) AS TEXT), chr(39), chr(39) || chr(39)) || chr(39) END"
+            ),
+            _ => return None,
+        });
+    }
+    if !literal.is_empty() || parts.is_empty() {
+        parts.push(quote(&literal));
+    }
+    let sql = format!("({})", parts.join(" || "));
+    Parser::new(&PostgreSqlDialect {})
+        .try_with_sql(&sql)
+        .and_then(|mut p| p.parse_expr())
+        .ok()
+}
+
+/// Whether `e` computes text: a concatenation, a cast to text, or a text function.
+fn is_text_expression(e: &Expr) -> bool {
+    match e {
+        Expr::Nested(inner) => is_text_expression(inner),
+        Expr::BinaryOp {
+            op: BinaryOperator::StringConcat,
+            ..
+        } => true,
+        Expr::Cast { data_type, .. } => {
+            type_name_is(data_type, &["text", "varchar", "character varying", "name"])
+        }
+        Expr::Function(f) => matches!(
+            function_name(f).as_str(),
+            "format" | "concat" | "concat_ws" | "quote_ident" | "lower" | "upper" | "trim"
+        ),
+        _ => false,
+    }
+}
+
+/// Whether `query` is Grafana's list of the schemas in `search_path`: a select from
+/// `generate_series(... current_setting('search_path') ...)`.
+fn is_search_path_membership(query: &Query) -> bool {
+    let SetExpr::Select(select) = query.body.as_ref() else {
+        return false;
+    };
+    select.from.iter().any(|f| {
+        let text = f.relation.to_string().to_ascii_lowercase();
+        text.starts_with("generate_series(") && text.contains("current_setting('search_path')")
+    })
+}
+
+/// `stmt`'s text with its catalog `CASE`s made NULL, if it reads `pg_catalog` and has one.
+fn rewrite_catalog_case(stmt: &mut datafusion::sql::sqlparser::ast::Statement) -> Option<String> {
     let mut reads_catalog = false;
     let _ = visit_relations(stmt, |name| {
         let text = name.to_string().to_ascii_lowercase();
@@ -150,8 +733,77 @@ fn is_case_of_correlated_subqueries(expr: &Expr) -> bool {
     subqueries > 0
 }
 
-/// Whether `query` names a column of a table it does not read (`outer.column`).
-fn is_correlated(query: &Query) -> bool {
+/// Whether every condition of `query` (a `SELECT`) that names an outer column is an
+/// equality between outer columns on one side and its own on the other, and its select
+/// list names no outer column: the correlation DataFusion turns into a join.
+fn correlated_by_equalities(query: &Query) -> bool {
+    let SetExpr::Select(select) = query.body.as_ref() else {
+        return false;
+    };
+    let inner = inner_names(query);
+    let refs = |e: &Expr| -> (bool, bool) {
+        let (mut outer, mut own) = (false, false);
+        let _ = visit_expressions(e, |x| {
+            match x {
+                Expr::CompoundIdentifier(parts) if parts.len() >= 2 => {
+                    if is_outer(parts, &inner) {
+                        outer = true;
+                    } else {
+                        own = true;
+                    }
+                }
+                Expr::Identifier(_) => own = true,
+                _ => {}
+            }
+            ControlFlow::<()>::Continue(())
+        });
+        (outer, own)
+    };
+    if select.projection.iter().any(|item| match item {
+        SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => refs(e).0,
+        _ => true,
+    }) {
+        return false;
+    }
+    let mut conjuncts = Vec::new();
+    fn split<'a>(e: &'a Expr, out: &mut Vec<&'a Expr>) {
+        match e {
+            Expr::BinaryOp {
+                left,
+                op: BinaryOperator::And,
+                right,
+            } => {
+                split(left, out);
+                split(right, out);
+            }
+            Expr::Nested(inner) => split(inner, out),
+            other => out.push(other),
+        }
+    }
+    if let Some(w) = &select.selection {
+        split(w, &mut conjuncts);
+    }
+    conjuncts.into_iter().all(|c| {
+        if !refs(c).0 {
+            return true;
+        }
+        match c {
+            Expr::BinaryOp {
+                left,
+                op: BinaryOperator::Eq,
+                right,
+            } => {
+                let (l, r) = (refs(left), refs(right));
+                (l == (true, false) && r == (false, true))
+                    || (l == (false, true) && r == (true, false))
+            }
+            _ => false,
+        }
+    })
+}
+
+/// The relations and aliases `query`'s own `FROM` names (lower case).
+fn inner_names(query: &Query) -> HashSet<String> {
     let mut inner: HashSet<String> = HashSet::new();
     let _ = visit_relations(query, |name| {
         let text = name.to_string().to_ascii_lowercase();
@@ -172,21 +824,31 @@ fn is_correlated(query: &Query) -> bool {
             }
         }
     }
+    inner
+}
+
+/// Whether `table.column` (or `schema.table.column`) names a table not in `inner`.
+fn is_outer(parts: &[datafusion::sql::sqlparser::ast::Ident], inner: &HashSet<String>) -> bool {
+    let table = parts[parts.len() - 2].value.to_ascii_lowercase();
+    let full = parts[..parts.len() - 1]
+        .iter()
+        .map(|p| p.value.to_ascii_lowercase())
+        .collect::<Vec<_>>()
+        .join(".");
+    !inner.contains(&table) && !inner.contains(&full)
+}
+
+/// Whether `query` names a column of a table it does not read (`outer.column`).
+fn is_correlated(query: &Query) -> bool {
+    let inner = inner_names(query);
     let mut correlated = false;
     let _ = visit_expressions(query, |e| {
         if let Expr::CompoundIdentifier(parts) = e
             && parts.len() >= 2
+            && is_outer(parts, &inner)
         {
-            let table = parts[parts.len() - 2].value.to_ascii_lowercase();
-            let full = parts[..parts.len() - 1]
-                .iter()
-                .map(|p| p.value.to_ascii_lowercase())
-                .collect::<Vec<_>>()
-                .join(".");
-            if !inner.contains(&table) && !inner.contains(&full) {
-                correlated = true;
-                return ControlFlow::Break(());
-            }
+            correlated = true;
+            return ControlFlow::Break(());
         }
         ControlFlow::Continue(())
     });
@@ -239,6 +901,132 @@ fn has_empty_select_list(sql: &str) -> bool {
 mod tests {
     use super::*;
 
+    fn rewrite(sql: &str) -> Option<String> {
+        rewrite_client_query(
+            sql,
+            &SessionFacts {
+                database: "shop".into(),
+                pid: 42,
+            },
+        )
+    }
+
+    #[test]
+    fn session_functions_are_the_sessions() {
+        assert_eq!(
+            rewrite("SELECT current_database(), pg_catalog.pg_backend_pid()").as_deref(),
+            Some("SELECT 'shop' AS \"current_database\", 42 AS \"pg_backend_pid\"")
+        );
+        assert_eq!(
+            rewrite("SELECT datname FROM pg_database WHERE datname = current_catalog").as_deref(),
+            Some("SELECT datname FROM pg_database WHERE datname = 'shop'")
+        );
+        assert_eq!(rewrite("SELECT current_databases()"), None);
+    }
+
+    #[test]
+    fn system_catalogs_are_their_postgres_oids() {
+        assert_eq!(
+            rewrite("SELECT 'pg_class'::regclass, 'pg_catalog.pg_type'::regclass::oid").as_deref(),
+            Some("SELECT 1259 AS \"regclass\", 1247::oid AS \"oid\"")
+        );
+        // A user relation is left to the lookup in pg_class, an oid column as it is.
+        assert_eq!(rewrite("SELECT 'clicks'::regclass"), None);
+        assert_eq!(rewrite("SELECT c.oid::regclass FROM pg_class c"), None);
+        // Text computed per row is looked up by to_regclass.
+        assert_eq!(
+            rewrite("SELECT (s || '.' || t)::regclass AS r FROM x").as_deref(),
+            Some("SELECT to_regclass((s || '.' || t)) AS r FROM x")
+        );
+    }
+
+    #[test]
+    fn a_regtype_as_text_is_its_name() {
+        assert_eq!(
+            rewrite("SELECT a.atttypid::regtype::text FROM pg_attribute a").as_deref(),
+            Some(
+                "SELECT format_type(a.atttypid::regtype, NULL) AS \"atttypid\" FROM pg_attribute a"
+            )
+        );
+    }
+
+    #[test]
+    fn a_correlated_lookup_is_aggregated_and_keeps_its_name() {
+        assert_eq!(
+            rewrite(
+                "SELECT t.oid, (SELECT c.relkind = 'c' FROM pg_class c WHERE c.oid = t.typrelid LIMIT 1) \
+                 FROM pg_type t"
+            )
+            .as_deref(),
+            Some(
+                "SELECT t.oid, ((SELECT max(c.relkind = 'c') AS \"?column?\" FROM pg_class c \
+                 WHERE c.oid = t.typrelid)) \
+                 AS \"?column?\" FROM pg_type t"
+            )
+        );
+        // Already aggregated, uncorrelated, or outside the catalogs: left alone.
+        assert_eq!(
+            rewrite(
+                "SELECT (SELECT count(*) FROM pg_class c WHERE c.oid = t.typrelid) FROM pg_type t"
+            ),
+            None
+        );
+        assert_eq!(
+            rewrite("SELECT (SELECT oid FROM pg_class LIMIT 1) FROM pg_type t"),
+            None
+        );
+        assert_eq!(
+            rewrite("SELECT (SELECT v FROM w WHERE w.k = t.k) FROM t"),
+            None
+        );
+        // A correlation DataFusion cannot join on (psql's \\d): left to datafusion-postgres.
+        assert_eq!(
+            rewrite(
+                "SELECT (SELECT d.adbin FROM pg_catalog.pg_attrdef d WHERE d.adrelid = a.attrelid \
+                 AND a.atthasdef) FROM pg_catalog.pg_attribute a"
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn format_is_the_concatenation_it_makes() {
+        assert_eq!(
+            rewrite("SELECT FORMAT('%I.%I', s, t) FROM x").as_deref(),
+            Some(
+                "SELECT (quote_ident(CAST((s) AS TEXT)) || '.' || quote_ident(CAST((t) AS TEXT))) \
+                 AS \"format\" FROM x"
+            )
+        );
+        assert_eq!(
+            rewrite("SELECT format('100%% %2$s and %1$L', a, b) AS f").as_deref(),
+            Some(
+                "SELECT ('100% ' || coalesce(CAST((b) AS TEXT), '') || ' and ' || \
+                 CASE WHEN (a) IS NULL THEN 'NULL' ELSE chr(39) || replace(CAST((a) AS TEXT), \
+                 chr(39), chr(39) || chr(39)) || chr(39) END) AS f"
+            )
+        );
+        // Widths and flags are not rewritten.
+        assert_eq!(rewrite("SELECT format('%-10s', a)"), None);
+    }
+
+    #[test]
+    fn grafanas_search_path_subquery_lists_current_schemas() {
+        let sql = "SELECT quote_ident(table_name) FROM information_schema.tables WHERE \
+            quote_ident(table_schema) IN (SELECT CASE WHEN trim(s[i]) = '\"$user\"' THEN user \
+            ELSE trim(s[i]) END FROM generate_series(array_lower(string_to_array(\
+            current_setting('search_path'),','),1), array_upper(string_to_array(\
+            current_setting('search_path'),','),1)) as i, \
+            string_to_array(current_setting('search_path'),',') s)";
+        assert_eq!(
+            rewrite(sql).as_deref(),
+            Some(
+                "SELECT quote_ident(table_name) FROM information_schema.tables WHERE \
+                 quote_ident(table_schema) IN (SELECT unnest(current_schemas(false)) AS \"case\")"
+            )
+        );
+    }
+
     #[test]
     fn a_case_of_correlated_subqueries_in_a_catalog_query_is_null() {
         let sql = "SELECT pg_catalog.pg_attribute.attname AS name, \
@@ -250,7 +1038,7 @@ mod tests {
             CASE WHEN pg_catalog.pg_attribute.attnum > 0 THEN 'yes' END AS plain, \
             CASE WHEN true THEN (SELECT max(oid) FROM pg_catalog.pg_type t WHERE t.oid > 0) END AS uncorrelated \
             FROM pg_catalog.pg_attribute";
-        let out = rewrite_catalog_query(sql).expect("rewritten");
+        let out = rewrite(sql).expect("rewritten");
         assert!(out.contains("NULL AS \"default\""), "{out}");
         assert!(out.contains("THEN 'yes' END AS plain"), "{out}");
         assert!(
@@ -268,7 +1056,7 @@ mod tests {
                AND pg_catalog.pg_sequence.seqrelid = pg_catalog.pg_attribute.attrelid) \
             ELSE NULL END AS identity_options \
             FROM pg_catalog.pg_attribute WHERE pg_catalog.pg_attribute.attnum > $4::SMALLINT";
-        let out = rewrite_catalog_query(sql).expect("rewritten");
+        let out = rewrite(sql).expect("rewritten");
         assert!(
             out.contains(
                 "CASE WHEN $1::VARCHAR IS NULL OR $2::VARCHAR IS NULL OR $3 IS NULL THEN NULL END AS identity_options"
@@ -281,12 +1069,10 @@ mod tests {
     #[test]
     fn queries_of_other_tables_are_left_alone() {
         assert_eq!(
-            rewrite_catalog_query(
-                "SELECT CASE WHEN v.n > 0 THEN (SELECT w.n FROM w WHERE w.k = v.k) END FROM v"
-            ),
+            rewrite("SELECT CASE WHEN v.n > 0 THEN (SELECT w.n FROM w WHERE w.k = v.k) END FROM v"),
             None
         );
-        assert_eq!(rewrite_catalog_query("SELECT 1"), None);
+        assert_eq!(rewrite("SELECT 1"), None);
     }
 
     #[test]

@@ -5,9 +5,9 @@
 //! The values are [`config::PG_SETTINGS`]; a session's own `SET`s (datafusion-postgres
 //! keeps them in the connection's metadata) and its startup parameters override them.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, Mutex};
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{Array, StringArray};
@@ -29,7 +29,7 @@ use pgwire::api::results::{Response, Tag};
 use pgwire::api::store::PortalStore;
 use pgwire::api::{
     ClientInfo, ClientPortalStore, ConnectionGuard, ConnectionHandle, ConnectionManager,
-    PidSecretKeyGenerator, RandomPidSecretKeyGenerator,
+    METADATA_DATABASE, METADATA_USER, PidSecretKeyGenerator, RandomPidSecretKeyGenerator,
 };
 use pgwire::error::{PgWireError, PgWireResult};
 use pgwire::messages::response::TransactionStatus;
@@ -76,6 +76,15 @@ impl StartupHandler for Startup {
         save_startup_parameters_to_metadata(client, &startup);
         let (pid, key) = self.pids.generate(&*client);
         client.set_pid_and_secret_key(pid, key.clone());
+        let database = client
+            .metadata()
+            .get(METADATA_DATABASE)
+            .or_else(|| client.metadata().get(METADATA_USER))
+            .cloned()
+            .unwrap_or_else(|| "postgres".into());
+        client
+            .session_extensions()
+            .insert::<DatabaseInUse>(DatabaseInUse::new(database));
         let (handle, guard) = self.connections.register(pid, key);
         client
             .session_extensions()
@@ -83,6 +92,47 @@ impl StartupHandler for Startup {
         client.session_extensions().insert::<ConnectionGuard>(guard);
         finish_authentication(client, &Parameters).await
     }
+}
+
+/// The database names open connections use, with how many use each.
+static DATABASES: LazyLock<Mutex<BTreeMap<String, usize>>> = LazyLock::new(Default::default);
+
+/// A connection's use of a database name, counted while the connection lives.
+struct DatabaseInUse(String);
+
+impl DatabaseInUse {
+    fn new(name: String) -> DatabaseInUse {
+        *DATABASES
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(name.clone())
+            .or_default() += 1;
+        DatabaseInUse(name)
+    }
+}
+
+impl Drop for DatabaseInUse {
+    fn drop(&mut self) {
+        let mut all = DATABASES.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = all.get_mut(&self.0) {
+            *n -= 1;
+            if *n == 0 {
+                all.remove(&self.0);
+            }
+        }
+    }
+}
+
+/// The databases `pg_database` lists: `postgres` and every name a connection of this
+/// process uses, sorted.
+pub fn databases_in_use() -> Vec<String> {
+    let all = DATABASES.lock().unwrap_or_else(|e| e.into_inner());
+    let mut names: Vec<String> = all.keys().cloned().collect();
+    if !all.contains_key("postgres") {
+        names.push("postgres".into());
+        names.sort();
+    }
+    names
 }
 
 /// pgwire's parameter statuses, with Tidemark's `server_version`.

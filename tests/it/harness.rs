@@ -143,7 +143,7 @@ pub async fn connect(port: u16) -> Client {
 }
 
 /// Connects to a server on `port` as `user`, to the database of that name.
-async fn connect_as(port: u16, user: &str) -> Client {
+pub async fn connect_as(port: u16, user: &str) -> Client {
     let conn_str = format!("host=127.0.0.1 port={port} user={user} dbname={user}");
     let (client, connection) = tokio_postgres::connect(&conn_str, NoTls)
         .await

@@ -1,6 +1,7 @@
 //! The one integration-test binary: end-to-end tests against real `tidemark` processes.
 
 mod architecture;
+mod catalog;
 mod crash;
 mod delta;
 mod errors;
