@@ -586,6 +586,45 @@ impl PgCatalog {
     }
 }
 
+/// A `pg_catalog` table datafusion-postgres makes, with Tidemark's corrections: the rows
+/// are `batches` of `inner`'s, computed at each scan.
+#[async_trait]
+trait Patch: std::fmt::Debug + Send + Sync + 'static {
+    fn inner(&self) -> &Arc<dyn TableProvider>;
+
+    async fn batches(&self, state: &dyn Session) -> Result<Vec<RecordBatch>>;
+}
+
+/// A [`Patch`] as a table.
+#[derive(Debug)]
+struct Patched<P>(Arc<P>);
+
+#[async_trait]
+impl<P: Patch> TableProvider for Patched<P> {
+    fn schema(&self) -> SchemaRef {
+        self.0.inner().schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::View
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let batches = self.0.batches(state).await?;
+        Ok(MemorySourceConfig::try_new_exec(
+            &[batches],
+            self.schema(),
+            projection.cloned(),
+        )?)
+    }
+}
+
 /// Every batch of `table`, unfiltered.
 async fn collect_all(
     table: &Arc<dyn TableProvider>,
@@ -603,36 +642,34 @@ impl SchemaProvider for PgCatalog {
 
     async fn table(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>> {
         match name.to_ascii_lowercase().as_str() {
-            "pg_class" => Ok(self.pg_class().await?.map(|c| c as Arc<dyn TableProvider>)),
-            "pg_description" => {
-                let (Some(class), Some(inner)) =
-                    (self.pg_class().await?, self.inner.table(name).await?)
-                else {
-                    return Ok(None);
-                };
-                Ok(Some(Arc::new(PgDescription {
-                    inner,
-                    class,
-                    relations: self.relations.clone(),
-                })))
-            }
-            "pg_attribute" => {
-                let (Some(class), Some(inner)) =
-                    (self.pg_class().await?, self.inner.table(name).await?)
-                else {
-                    return Ok(None);
-                };
-                Ok(Some(Arc::new(PgAttribute {
-                    inner,
-                    class,
-                    relations: self.relations.clone(),
-                })))
-            }
-            "pg_database" => Ok(self
-                .inner
-                .table(name)
+            "pg_class" => Ok(self
+                .pg_class()
                 .await?
-                .map(|inner| Arc::new(PgDatabase { inner }) as Arc<dyn TableProvider>)),
+                .map(|c| Arc::new(Patched(c)) as Arc<dyn TableProvider>)),
+            "pg_description" | "pg_attribute" => {
+                let (Some(class), Some(inner)) =
+                    (self.pg_class().await?, self.inner.table(name).await?)
+                else {
+                    return Ok(None);
+                };
+                let relations = self.relations.clone();
+                Ok(Some(if name.eq_ignore_ascii_case("pg_description") {
+                    Arc::new(Patched(Arc::new(PgDescription {
+                        inner,
+                        class,
+                        relations,
+                    })))
+                } else {
+                    Arc::new(Patched(Arc::new(PgAttribute {
+                        inner,
+                        class,
+                        relations,
+                    })))
+                }))
+            }
+            "pg_database" => Ok(self.inner.table(name).await?.map(|inner| {
+                Arc::new(Patched(Arc::new(PgDatabase { inner }))) as Arc<dyn TableProvider>
+            })),
             "pg_matviews" => Ok(Some(Arc::new(pg_matviews(&views(&self.public).await?)?))),
             "pg_settings" => Ok(Some(Arc::new(pg_settings()?))),
             _ => self.inner.table(name).await,
@@ -870,22 +907,12 @@ struct PgAttribute {
 }
 
 #[async_trait]
-impl TableProvider for PgAttribute {
-    fn schema(&self) -> SchemaRef {
-        self.inner.schema()
+impl Patch for PgAttribute {
+    fn inner(&self) -> &Arc<dyn TableProvider> {
+        &self.inner
     }
 
-    fn table_type(&self) -> TableType {
-        TableType::View
-    }
-
-    async fn scan(
-        &self,
-        state: &dyn Session,
-        projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
-        _limit: Option<usize>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
+    async fn batches(&self, state: &dyn Session) -> Result<Vec<RecordBatch>> {
         let schema = self.inner.schema();
         self.class.batches(state).await?;
         let mut batches = collect_all(&self.inner, state).await?;
@@ -907,37 +934,18 @@ impl TableProvider for PgAttribute {
                 *b = RecordBatch::try_new(b.schema(), cols)?;
             }
         }
-        Ok(MemorySourceConfig::try_new_exec(
-            &[batches],
-            schema,
-            projection.cloned(),
-        )?)
+        Ok(batches)
     }
 }
 
 #[async_trait]
-impl TableProvider for PgClass {
-    fn schema(&self) -> SchemaRef {
-        self.inner.schema()
+impl Patch for PgClass {
+    fn inner(&self) -> &Arc<dyn TableProvider> {
+        &self.inner
     }
 
-    fn table_type(&self) -> TableType {
-        TableType::View
-    }
-
-    async fn scan(
-        &self,
-        state: &dyn Session,
-        projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
-        _limit: Option<usize>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let batches = self.batches(state).await?;
-        Ok(MemorySourceConfig::try_new_exec(
-            &[batches],
-            self.inner.schema(),
-            projection.cloned(),
-        )?)
+    async fn batches(&self, state: &dyn Session) -> Result<Vec<RecordBatch>> {
+        PgClass::batches(self, state).await
     }
 }
 
@@ -954,22 +962,12 @@ struct PgDescription {
 const PG_CLASS_OID: i32 = 1259;
 
 #[async_trait]
-impl TableProvider for PgDescription {
-    fn schema(&self) -> SchemaRef {
-        self.inner.schema()
+impl Patch for PgDescription {
+    fn inner(&self) -> &Arc<dyn TableProvider> {
+        &self.inner
     }
 
-    fn table_type(&self) -> TableType {
-        TableType::View
-    }
-
-    async fn scan(
-        &self,
-        state: &dyn Session,
-        projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
-        _limit: Option<usize>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
+    async fn batches(&self, state: &dyn Session) -> Result<Vec<RecordBatch>> {
         let schema = self.inner.schema();
         // Refreshes the comments.
         self.class.batches(state).await?;
@@ -998,11 +996,7 @@ impl TableProvider for PgDescription {
             .map(|(c, f)| datafusion::arrow::compute::cast(&c, f.data_type()))
             .collect::<std::result::Result<Vec<_>, _>>()?;
         batches.push(RecordBatch::try_new(schema.clone(), columns)?);
-        Ok(MemorySourceConfig::try_new_exec(
-            &[batches],
-            schema,
-            projection.cloned(),
-        )?)
+        Ok(batches)
     }
 }
 
@@ -1017,33 +1011,19 @@ struct PgDatabase {
 }
 
 #[async_trait]
-impl TableProvider for PgDatabase {
-    fn schema(&self) -> SchemaRef {
-        self.inner.schema()
+impl Patch for PgDatabase {
+    fn inner(&self) -> &Arc<dyn TableProvider> {
+        &self.inner
     }
 
-    fn table_type(&self) -> TableType {
-        TableType::View
-    }
-
-    async fn scan(
-        &self,
-        state: &dyn Session,
-        projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
-        _limit: Option<usize>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
+    async fn batches(&self, state: &dyn Session) -> Result<Vec<RecordBatch>> {
         let schema = self.inner.schema();
         let batches = collect_all(&self.inner, state).await?;
         let all = datafusion::arrow::compute::concat_batches(&schema, &batches)?;
         let names = super::session::databases_in_use();
         let (Ok(oid_idx), Ok(name_idx)) = (schema.index_of("oid"), schema.index_of("datname"))
         else {
-            return Ok(MemorySourceConfig::try_new_exec(
-                &[vec![all]],
-                schema,
-                projection.cloned(),
-            )?);
+            return Ok(vec![all]);
         };
         let template = (0..all.num_rows())
             .find(|&i| {
@@ -1053,11 +1033,7 @@ impl TableProvider for PgDatabase {
             })
             .unwrap_or(0);
         if all.num_rows() == 0 {
-            return Ok(MemorySourceConfig::try_new_exec(
-                &[vec![all]],
-                schema,
-                projection.cloned(),
-            )?);
+            return Ok(vec![all]);
         }
         let indices =
             datafusion::arrow::array::UInt32Array::from(vec![template as u32; names.len()]);
@@ -1070,12 +1046,7 @@ impl TableProvider for PgDatabase {
             names.iter().map(|n| database_oid(n)),
         ));
         columns[name_idx] = Arc::new(StringArray::from_iter_values(names.iter()));
-        let batch = RecordBatch::try_new(schema.clone(), columns)?;
-        Ok(MemorySourceConfig::try_new_exec(
-            &[vec![batch]],
-            schema,
-            projection.cloned(),
-        )?)
+        Ok(vec![RecordBatch::try_new(schema.clone(), columns)?])
     }
 }
 

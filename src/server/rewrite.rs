@@ -64,7 +64,13 @@ pub fn rewrite_client_query(sql: &str, session: &SessionFacts) -> Option<String>
     .any(|w| lower.contains(w));
     let catalog_subqueries = (lower.contains("pg_") || lower.contains("information_schema"))
         && lower.matches("select").count() > 1;
-    if !(catalog_case || per_session || catalog_subqueries) {
+    let query = {
+        let t = lower.trim_start();
+        t.starts_with("with")
+            || t.starts_with('(')
+            || (t.starts_with("select") && !names_columns_only(t))
+    };
+    if !(catalog_case || per_session || catalog_subqueries || query) {
         return None;
     }
     let mut statements = Parser::parse_sql(&PostgreSqlDialect {}, sql).ok()?;
@@ -98,6 +104,7 @@ pub fn rewrite_client_query(sql: &str, session: &SessionFacts) -> Option<String>
     if changed {
         keep_names(stmt, before);
     }
+    changed |= name_output_columns(stmt);
     // Grafana's search-path query is one datafusion-postgres replaces (with no rows);
     // Tidemark answers it.
     let search_path = lower.contains("current_setting('search_path')");
@@ -105,6 +112,40 @@ pub fn rewrite_client_query(sql: &str, session: &SessionFacts) -> Option<String>
         return None;
     }
     Some(stmt.to_string())
+}
+
+/// Whether `select` (lower case) lists plain columns only (`SELECT a, t.b, "C", * FROM`),
+/// whose names need no rewrite: the cheap test that keeps a dashboard's queries from being
+/// parsed twice.
+fn names_columns_only(select: &str) -> bool {
+    let list = select.trim_start_matches("select");
+    let list = match list.find(" from ") {
+        Some(end) => &list[..end],
+        None => list,
+    };
+    list.chars().all(|c| {
+        c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ',' | '"' | '*' | ' ' | '\n' | '\t')
+    }) && !list
+        .split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+        .any(|w| {
+            w.chars().next().is_some_and(|c| c.is_ascii_digit())
+                || w.starts_with("current_")
+                || matches!(
+                    w,
+                    "case"
+                        | "cast"
+                        | "interval"
+                        | "true"
+                        | "false"
+                        | "null"
+                        | "not"
+                        | "exists"
+                        | "user"
+                        | "session_user"
+                        | "localtime"
+                        | "localtimestamp"
+                )
+        })
 }
 
 /// The unnamed select-list items of every query of `stmt`, in visiting order.
@@ -210,6 +251,63 @@ fn replaced_by_datafusion_postgres(sql: &str) -> bool {
                     .map(|s| PARSER.rewrite(s))
                     .collect::<Vec<_>>()
         }
+        _ => false,
+    }
+}
+
+/// Names the unnamed columns of a query's result as Postgres names them
+/// (`FigureColname`): `SELECT count(*)` answers a column `count`, `SELECT 1` one named
+/// `?column?`, `SELECT x::text` one named `x` (DataFusion would say `count(*)`, `Int64(1)`
+/// and `x`). A plain column reference keeps its name; an item whose name another item of
+/// the list has too keeps DataFusion's (which refuses two columns of one name). Of a
+/// `UNION`, the first select names the result, as in Postgres. Whether anything changed.
+fn name_output_columns(stmt: &mut datafusion::sql::sqlparser::ast::Statement) -> bool {
+    fn name_set_expr(body: &mut SetExpr) -> bool {
+        match body {
+            SetExpr::Select(select) => {
+                let names: Vec<Option<String>> = select
+                    .projection
+                    .iter()
+                    .map(|item| match item {
+                        SelectItem::UnnamedExpr(e) => {
+                            Some(figure_colname(e).map_or_else(|| "?column?".to_string(), |n| n.0))
+                        }
+                        SelectItem::ExprWithAlias { alias, .. } => Some(alias.value.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                let mut changed = false;
+                for (i, item) in select.projection.iter_mut().enumerate() {
+                    let SelectItem::UnnamedExpr(e) = item else {
+                        continue;
+                    };
+                    if matches!(e, Expr::Identifier(_) | Expr::CompoundIdentifier(_)) {
+                        continue;
+                    }
+                    let Some(name) = names[i].clone() else {
+                        continue;
+                    };
+                    let unique = names
+                        .iter()
+                        .enumerate()
+                        .all(|(j, n)| j == i || n.as_deref() != Some(name.as_str()));
+                    if unique {
+                        *item = SelectItem::ExprWithAlias {
+                            expr: e.clone(),
+                            alias: datafusion::sql::sqlparser::ast::Ident::with_quote('"', name),
+                        };
+                        changed = true;
+                    }
+                }
+                changed
+            }
+            SetExpr::SetOperation { left, .. } => name_set_expr(left),
+            SetExpr::Query(q) => name_set_expr(q.body.as_mut()),
+            _ => false,
+        }
+    }
+    match stmt {
+        datafusion::sql::sqlparser::ast::Statement::Query(q) => name_set_expr(q.body.as_mut()),
         _ => false,
     }
 }
@@ -921,7 +1019,11 @@ mod tests {
             rewrite("SELECT datname FROM pg_database WHERE datname = current_catalog").as_deref(),
             Some("SELECT datname FROM pg_database WHERE datname = 'shop'")
         );
-        assert_eq!(rewrite("SELECT current_databases()"), None);
+        // Only those (the name is Postgres's for the column either way).
+        assert_eq!(
+            rewrite("SELECT current_databases()").as_deref(),
+            Some("SELECT current_databases() AS \"current_databases\"")
+        );
     }
 
     #[test]
@@ -931,8 +1033,14 @@ mod tests {
             Some("SELECT 1259 AS \"regclass\", 1247::oid AS \"oid\"")
         );
         // A user relation is left to the lookup in pg_class, an oid column as it is.
-        assert_eq!(rewrite("SELECT 'clicks'::regclass"), None);
-        assert_eq!(rewrite("SELECT c.oid::regclass FROM pg_class c"), None);
+        assert_eq!(
+            rewrite("SELECT 'clicks'::regclass").as_deref(),
+            Some("SELECT 'clicks'::REGCLASS AS \"regclass\"")
+        );
+        assert_eq!(
+            rewrite("SELECT c.oid::regclass FROM pg_class c").as_deref(),
+            Some("SELECT c.oid::REGCLASS AS \"oid\" FROM pg_class c")
+        );
         // Text computed per row is looked up by to_regclass.
         assert_eq!(
             rewrite("SELECT (s || '.' || t)::regclass AS r FROM x").as_deref(),
@@ -964,29 +1072,28 @@ mod tests {
                  AS \"?column?\" FROM pg_type t"
             )
         );
-        // Already aggregated, uncorrelated, or outside the catalogs: left alone.
-        assert_eq!(
-            rewrite(
-                "SELECT (SELECT count(*) FROM pg_class c WHERE c.oid = t.typrelid) FROM pg_type t"
+        // Already aggregated, uncorrelated, outside the catalogs, or correlated in a way
+        // DataFusion cannot join on (psql's \\d: left to datafusion-postgres): only named.
+        for (sql, name) in [
+            (
+                "SELECT (SELECT count(*) FROM pg_class c WHERE c.oid = t.typrelid) FROM pg_type t",
+                "count",
             ),
-            None
-        );
-        assert_eq!(
-            rewrite("SELECT (SELECT oid FROM pg_class LIMIT 1) FROM pg_type t"),
-            None
-        );
-        assert_eq!(
-            rewrite("SELECT (SELECT v FROM w WHERE w.k = t.k) FROM t"),
-            None
-        );
-        // A correlation DataFusion cannot join on (psql's \\d): left to datafusion-postgres.
-        assert_eq!(
-            rewrite(
+            (
+                "SELECT (SELECT oid FROM pg_class LIMIT 1) FROM pg_type t",
+                "oid",
+            ),
+            ("SELECT (SELECT v FROM w WHERE w.k = t.k) FROM t", "v"),
+            (
                 "SELECT (SELECT d.adbin FROM pg_catalog.pg_attrdef d WHERE d.adrelid = a.attrelid \
-                 AND a.atthasdef) FROM pg_catalog.pg_attribute a"
+                 AND a.atthasdef) FROM pg_catalog.pg_attribute a",
+                "adbin",
             ),
-            None
-        );
+        ] {
+            let out = rewrite(sql).expect("named");
+            assert!(!out.contains("max("), "{out}");
+            assert!(out.contains(&format!(") AS \"{name}\"")), "{out}");
+        }
     }
 
     #[test]
@@ -1007,7 +1114,10 @@ mod tests {
             )
         );
         // Widths and flags are not rewritten.
-        assert_eq!(rewrite("SELECT format('%-10s', a)"), None);
+        assert_eq!(
+            rewrite("SELECT format('%-10s', a)").as_deref(),
+            Some("SELECT format('%-10s', a) AS \"format\"")
+        );
     }
 
     #[test]
@@ -1021,7 +1131,7 @@ mod tests {
         assert_eq!(
             rewrite(sql).as_deref(),
             Some(
-                "SELECT quote_ident(table_name) FROM information_schema.tables WHERE \
+                "SELECT quote_ident(table_name) AS \"quote_ident\" FROM information_schema.tables WHERE \
                  quote_ident(table_schema) IN (SELECT unnest(current_schemas(false)) AS \"case\")"
             )
         );
@@ -1067,12 +1177,48 @@ mod tests {
     }
 
     #[test]
-    fn queries_of_other_tables_are_left_alone() {
+    fn queries_of_other_tables_are_only_named() {
         assert_eq!(
-            rewrite("SELECT CASE WHEN v.n > 0 THEN (SELECT w.n FROM w WHERE w.k = v.k) END FROM v"),
+            rewrite("SELECT CASE WHEN v.n > 0 THEN (SELECT w.n FROM w WHERE w.k = v.k) END FROM v")
+                .as_deref(),
+            Some(
+                "SELECT CASE WHEN v.n > 0 THEN (SELECT w.n FROM w WHERE w.k = v.k) END AS \"case\" FROM v"
+            )
+        );
+    }
+
+    /// Postgres's names, as a PostgreSQL server gives them (Debian's 15, psql).
+    #[test]
+    fn result_columns_are_named_as_postgres_names_them() {
+        let named = |sql: &str| rewrite(sql).unwrap_or_else(|| sql.to_string());
+        assert_eq!(named("SELECT 1"), "SELECT 1 AS \"?column?\"");
+        assert_eq!(
+            named("SELECT count(*), sum(x) FROM t"),
+            "SELECT count(*) AS \"count\", sum(x) AS \"sum\" FROM t"
+        );
+        assert_eq!(
+            named("SELECT t.a::text, b + 1, now() AS n FROM t"),
+            "SELECT t.a::TEXT AS \"a\", b + 1 AS \"?column?\", now() AS n FROM t"
+        );
+        // Plain columns and stars keep their names: nothing to rewrite.
+        assert_eq!(rewrite("SELECT a, t.b, * FROM t"), None);
+        // Two items of one name: DataFusion refuses duplicate names, so both keep theirs.
+        assert_eq!(rewrite("SELECT count(a), count(b) FROM t"), None);
+        // A union takes the first select's names.
+        assert_eq!(
+            named("SELECT 1 UNION ALL SELECT 2"),
+            "SELECT 1 AS \"?column?\" UNION ALL SELECT 2"
+        );
+        assert_eq!(
+            rewrite("SELECT window_start, \"Page\", t.views FROM t WHERE x = count(1)"),
             None
         );
-        assert_eq!(rewrite("SELECT 1"), None);
+        assert!(names_columns_only("select a, t.b, \"c d\", * from t"));
+        assert!(!names_columns_only("select a, 1 from t"));
+        assert!(names_columns_only("select distinct a as b from t"));
+        assert!(!names_columns_only("select current_user"));
+        // Not a query: left alone.
+        assert_eq!(rewrite("INSERT INTO t SELECT 1"), None);
     }
 
     #[test]

@@ -124,6 +124,11 @@ const CASES: &[(&str, Agree)] = &[
          pg_size_pretty(123456789012::bigint), pg_size_pretty(-10240::bigint)",
         Agree::Rows,
     ),
+    // Result columns named as Postgres names them.
+    (
+        "SELECT count(*), max(price), 1, min(day)::text FROM dims",
+        Agree::Named,
+    ),
     (
         "SELECT format_type(20, NULL), format_type(1184, -1), format_type(25, NULL)",
         Agree::Rows,

@@ -137,6 +137,10 @@ async fn extended_protocol_types_errors_and_psql() {
             "\\dm",
             "-c",
             "\\d page_views",
+            "-c",
+            "\\l",
+            "-c",
+            "\\dt+",
         ])
         .output()
     {
@@ -168,6 +172,12 @@ async fn extended_protocol_types_errors_and_psql() {
         assert!(
             stdout.contains(" views  | bigint"),
             "\\d page_views output:\n{stdout}"
+        );
+        // \l lists the database psql connected to; \dt+ says what each relation is.
+        assert!(stdout.contains(" anydb "), "\\l output:\n{stdout}");
+        assert!(
+            stdout.contains("| stream (connector = '"),
+            "\\dt+ output:\n{stdout}"
         );
     } else {
         assert!(
