@@ -75,8 +75,11 @@ pub fn install(engine: &Engine, catalog: &str) -> crate::error::Result<()> {
         ("pg_get_indexdef", 3),
         ("pg_get_viewdef", 1),
         ("pg_get_viewdef", 2),
+        ("pg_get_function_result", 1),
+        ("pg_get_function_arguments", 1),
     ] {
         // No relation has an index; a view's definition is in pg_views / pg_matviews.
+        // Functions' signatures: NULL (psql's `\df` lists user functions; there are none).
         let mut types = vec![DataType::Int64];
         types.extend(std::iter::repeat_n(DataType::Int64, args - 1));
         if name == "pg_get_viewdef" && args == 2 {

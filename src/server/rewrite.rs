@@ -57,6 +57,7 @@ pub fn rewrite_client_query(sql: &str, session: &SessionFacts) -> Option<String>
         "pg_backend_pid",
         "regclass",
         "regtype",
+        "regproc",
         "search_path",
         "format",
     ]
@@ -77,6 +78,9 @@ pub fn rewrite_client_query(sql: &str, session: &SessionFacts) -> Option<String>
     let [stmt] = statements.as_mut_slice() else {
         return None;
     };
+    if lower.contains("_pg_expandarray(i.indkey)") && lower.contains("indisprimary") {
+        return pgjdbc_primary_keys(stmt);
+    }
     let before = unnamed_items(stmt);
     let mut changed = false;
     if per_session {
@@ -399,6 +403,93 @@ impl VisitorMut for AggregateCorrelatedSubqueries {
     }
 }
 
+/// pgjdbc's `DatabaseMetaData.getPrimaryKeys` query (`(information_schema._pg_expandarray(
+/// i.indkey)).n` over `pg_index`: a composite field of a set-returning function, which
+/// DataFusion cannot plan), as the same question put to `key_column_usage`: the schema
+/// and table it names, its columns and order.
+fn pgjdbc_primary_keys(stmt: &datafusion::sql::sqlparser::ast::Statement) -> Option<String> {
+    let mut schema = None;
+    let mut table = None;
+    let _ = visit_expressions(stmt, |e| {
+        if let Expr::BinaryOp {
+            left,
+            op: BinaryOperator::Eq,
+            right,
+        } = e
+            && let Expr::CompoundIdentifier(parts) = left.as_ref()
+            && let [alias, column] = parts.as_slice()
+            && let Expr::Value(v) = right.as_ref()
+            && let Value::SingleQuotedString(text) | Value::EscapedStringLiteral(text) = &v.value
+        {
+            match (alias.value.as_str(), column.value.as_str()) {
+                ("n", "nspname") => schema = Some(text.clone()),
+                ("ct", "relname") => table = Some(text.clone()),
+                _ => {}
+            }
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    let quote = |s: &str| format!("'{}'", s.replace('\'', "''"));
+    let mut sql =
+        "SELECT NULL AS table_cat, table_schema AS table_schem, table_name, column_name, \
+                   ordinal_position AS key_seq, constraint_name AS pk_name \
+                   FROM information_schema.key_column_usage WHERE true"
+            .to_string();
+    if let Some(s) = schema {
+        sql.push_str(&format!(" AND table_schema = {}", quote(&s)));
+    }
+    if let Some(t) = table {
+        sql.push_str(&format!(" AND table_name = {}", quote(&t)));
+    }
+    sql.push_str(" ORDER BY table_name, pk_name, key_seq");
+    Some(sql)
+}
+
+/// The columns of `pg_type` that hold a function, which datafusion-postgres keeps as the
+/// function's name: `typinput = 'array_in'::regproc` (pgjdbc's and DBeaver's array test)
+/// compares names.
+const REGPROC_NAME_COLUMNS: [&str; 8] = [
+    "typinput",
+    "typoutput",
+    "typreceive",
+    "typsend",
+    "typmodin",
+    "typmodout",
+    "typanalyze",
+    "typsubscript",
+];
+
+/// `'name'::regproc` as the name, when `other` is one of [`REGPROC_NAME_COLUMNS`].
+fn regproc_as_name(other: &Expr, cast: &Expr) -> Option<Expr> {
+    let column = match other {
+        Expr::Identifier(i) => &i.value,
+        Expr::CompoundIdentifier(parts) => &parts.last()?.value,
+        _ => return None,
+    };
+    if !REGPROC_NAME_COLUMNS.contains(&column.to_ascii_lowercase().as_str()) {
+        return None;
+    }
+    let Expr::Cast {
+        expr, data_type, ..
+    } = cast
+    else {
+        return None;
+    };
+    if !type_name_is(data_type, &["regproc"]) {
+        return None;
+    }
+    let Expr::Value(v) = expr.as_ref() else {
+        return None;
+    };
+    let Value::SingleQuotedString(name) = &v.value else {
+        return None;
+    };
+    let name = name.strip_prefix("pg_catalog.").unwrap_or(name);
+    Some(Expr::Value(
+        Value::SingleQuotedString(name.to_string()).into(),
+    ))
+}
+
 /// Postgres's oids of the system catalogs clients name in `'...'::regclass`.
 const SYSTEM_CATALOG_OIDS: &[(&str, i32)] = &[
     ("pg_aggregate", 2600),
@@ -553,6 +644,26 @@ impl VisitorMut for SessionRewrite<'_> {
                 }
             }
             Expr::Function(f) if function_name(f) == "format" => format_call(f),
+            Expr::BinaryOp {
+                left,
+                op: op @ (BinaryOperator::Eq | BinaryOperator::NotEq),
+                right,
+            } => {
+                let op = op.clone();
+                match (regproc_as_name(left, right), regproc_as_name(right, left)) {
+                    (Some(name), _) => Some(Expr::BinaryOp {
+                        left: left.clone(),
+                        op,
+                        right: Box::new(name),
+                    }),
+                    (None, Some(name)) => Some(Expr::BinaryOp {
+                        left: Box::new(name),
+                        op,
+                        right: right.clone(),
+                    }),
+                    (None, None) => None,
+                }
+            }
             _ => None,
         };
         if let Some(r) = replacement {
@@ -1094,6 +1205,40 @@ mod tests {
             assert!(!out.contains("max("), "{out}");
             assert!(out.contains(&format!(") AS \"{name}\"")), "{out}");
         }
+    }
+
+    #[test]
+    fn a_regproc_compared_with_a_type_function_is_its_name() {
+        assert_eq!(
+            rewrite("SELECT typinput='pg_catalog.array_in'::regproc as is_array FROM pg_type")
+                .as_deref(),
+            Some("SELECT typinput = 'array_in' AS is_array FROM pg_type")
+        );
+    }
+
+    #[test]
+    fn pgjdbc_primary_keys_read_key_column_usage() {
+        let sql = "SELECT result.TABLE_CAT, result.TABLE_SCHEM, result.TABLE_NAME, \
+            result.COLUMN_NAME, result.KEY_SEQ, result.PK_NAME FROM (SELECT NULL AS TABLE_CAT, \
+            n.nspname AS TABLE_SCHEM, ct.relname AS TABLE_NAME, a.attname AS COLUMN_NAME, \
+            (information_schema._pg_expandarray(i.indkey)).n AS KEY_SEQ, ci.relname AS PK_NAME, \
+            information_schema._pg_expandarray(i.indkey) AS KEYS, a.attnum AS A_ATTNUM \
+            FROM pg_catalog.pg_class ct JOIN pg_catalog.pg_attribute a ON (ct.oid = a.attrelid) \
+            JOIN pg_catalog.pg_namespace n ON (ct.relnamespace = n.oid) \
+            JOIN pg_catalog.pg_index i ON ( a.attrelid = i.indrelid) \
+            JOIN pg_catalog.pg_class ci ON (ci.oid = i.indexrelid) WHERE true \
+            AND n.nspname = E'public' AND ct.relname = 'it''s' AND i.indisprimary ) result \
+            where result.A_ATTNUM = (result.KEYS).x \
+            ORDER BY result.table_name, result.pk_name, result.key_seq";
+        let out = rewrite(sql).expect("rewritten");
+        assert!(
+            out.contains("FROM information_schema.key_column_usage"),
+            "{out}"
+        );
+        assert!(
+            out.contains("AND table_schema = 'public' AND table_name = 'it''s'"),
+            "{out}"
+        );
     }
 
     #[test]

@@ -208,3 +208,23 @@ async fn catalog_queries_answer_as_postgres_answers() {
     );
     server.stop().await;
 }
+
+/// pgjdbc's `DatabaseMetaData` (getCatalogs, getSchemas, getTables, getColumns,
+/// getPrimaryKeys, getTypeInfo) and a prepared catalog query, from Java: the answers a
+/// PostgreSQL server gives the same driver (`tests/it/JdbcMeta.java` lists them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgjdbc_database_metadata_answers_as_postgres() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"), 0, &[]).await;
+    crate::ingest::run_client(
+        "pgjdbc metadata (apt-get install default-jre-headless libpostgresql-jdbc-java)",
+        "java",
+        &[
+            "-cp",
+            "/usr/share/java/postgresql.jar",
+            &crate::ingest::script("JdbcMeta.java"),
+            &server.port.to_string(),
+        ],
+    );
+    server.stop().await;
+}

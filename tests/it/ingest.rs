@@ -27,13 +27,13 @@ async fn ids(client: &Client, sql: &str) -> Vec<i64> {
 }
 
 /// A file beside this test.
-fn script(name: &str) -> String {
+pub(crate) fn script(name: &str) -> String {
     format!("{}/tests/it/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
 /// Runs a driver's client program; a missing program or a failure fails the test (CI
 /// installs them), never a skip.
-fn run_client(what: &str, program: &str, args: &[&str]) {
+pub(crate) fn run_client(what: &str, program: &str, args: &[&str]) {
     let out = std::process::Command::new(program)
         .args(args)
         .output()

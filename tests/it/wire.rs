@@ -141,6 +141,8 @@ async fn extended_protocol_types_errors_and_psql() {
             "\\l",
             "-c",
             "\\dt+",
+            "-c",
+            "\\df",
         ])
         .output()
     {
@@ -178,6 +180,11 @@ async fn extended_protocol_types_errors_and_psql() {
         assert!(
             stdout.contains("| stream (connector = '"),
             "\\dt+ output:\n{stdout}"
+        );
+        // \df: no user functions, as in a fresh Postgres database.
+        assert!(
+            stdout.contains("List of functions"),
+            "\\df output:\n{stdout}"
         );
     } else {
         assert!(
