@@ -33,9 +33,7 @@ use pgwire::api::results::{FieldInfo, QueryResponse, Response, Tag};
 use pgwire::api::stmt::QueryParser;
 use pgwire::api::store::Entry;
 use pgwire::api::store::PortalStore;
-use pgwire::api::{
-    ClientInfo, ClientPortalStore, ConnectionManager, METADATA_DATABASE, METADATA_USER, Type,
-};
+use pgwire::api::{ClientInfo, ClientPortalStore, ConnectionManager, Type};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::PgWireBackendMessage;
 use pgwire::messages::data::{DataRow, NoData, ParameterDescription};
@@ -436,14 +434,8 @@ fn savepoint(status: TransactionStatus, c: &SavepointCommand) -> PgWireResult<Re
 /// What statement rewrites need of a connection: its database (Postgres's default is
 /// the user's name) and its pid.
 fn session_facts<C: ClientInfo + ?Sized>(client: &C) -> rewrite::SessionFacts {
-    let meta = client.metadata();
-    let database = meta
-        .get(METADATA_DATABASE)
-        .or_else(|| meta.get(METADATA_USER))
-        .cloned()
-        .unwrap_or_else(|| "postgres".to_string());
     rewrite::SessionFacts {
-        database,
+        database: session::connected_database(client),
         pid: client.pid_and_secret_key().0,
     }
 }

@@ -197,37 +197,10 @@ fn keep_names(
             let SetExpr::Select(select) = query.body.as_mut() else {
                 return ControlFlow::Continue(());
             };
-            let names: Vec<Option<String>> = select
-                .projection
-                .iter()
-                .map(|item| match item {
-                    SelectItem::UnnamedExpr(e) => figure_colname(e).map(|(n, _)| n),
-                    SelectItem::ExprWithAlias { alias, .. } => Some(alias.value.clone()),
-                    _ => None,
-                })
-                .collect();
-            for (i, item) in select.projection.iter_mut().enumerate() {
-                let SelectItem::UnnamedExpr(e) = item else {
-                    continue;
-                };
-                let Some(Some(original)) = originals.get(i) else {
-                    continue;
-                };
-                if original == e {
-                    continue;
-                }
-                let name = figure_colname(original).map_or_else(|| "?column?".to_string(), |n| n.0);
-                let unique = names
-                    .iter()
-                    .enumerate()
-                    .all(|(j, n)| j == i || n.as_deref() != Some(name.as_str()));
-                if unique {
-                    *item = SelectItem::ExprWithAlias {
-                        expr: e.clone(),
-                        alias: datafusion::sql::sqlparser::ast::Ident::with_quote('"', name),
-                    };
-                }
-            }
+            alias_unique(select, |i, e| match originals.get(i) {
+                Some(Some(original)) if original != e => Some(postgres_name(original)),
+                _ => None,
+            });
             ControlFlow::Continue(())
         }
     }
@@ -268,43 +241,10 @@ fn replaced_by_datafusion_postgres(sql: &str) -> bool {
 fn name_output_columns(stmt: &mut datafusion::sql::sqlparser::ast::Statement) -> bool {
     fn name_set_expr(body: &mut SetExpr) -> bool {
         match body {
-            SetExpr::Select(select) => {
-                let names: Vec<Option<String>> = select
-                    .projection
-                    .iter()
-                    .map(|item| match item {
-                        SelectItem::UnnamedExpr(e) => {
-                            Some(figure_colname(e).map_or_else(|| "?column?".to_string(), |n| n.0))
-                        }
-                        SelectItem::ExprWithAlias { alias, .. } => Some(alias.value.clone()),
-                        _ => None,
-                    })
-                    .collect();
-                let mut changed = false;
-                for (i, item) in select.projection.iter_mut().enumerate() {
-                    let SelectItem::UnnamedExpr(e) = item else {
-                        continue;
-                    };
-                    if matches!(e, Expr::Identifier(_) | Expr::CompoundIdentifier(_)) {
-                        continue;
-                    }
-                    let Some(name) = names[i].clone() else {
-                        continue;
-                    };
-                    let unique = names
-                        .iter()
-                        .enumerate()
-                        .all(|(j, n)| j == i || n.as_deref() != Some(name.as_str()));
-                    if unique {
-                        *item = SelectItem::ExprWithAlias {
-                            expr: e.clone(),
-                            alias: datafusion::sql::sqlparser::ast::Ident::with_quote('"', name),
-                        };
-                        changed = true;
-                    }
-                }
-                changed
-            }
+            SetExpr::Select(select) => alias_unique(select, |_, e| {
+                (!matches!(e, Expr::Identifier(_) | Expr::CompoundIdentifier(_)))
+                    .then(|| postgres_name(e))
+            }),
             SetExpr::SetOperation { left, .. } => name_set_expr(left),
             SetExpr::Query(q) => name_set_expr(q.body.as_mut()),
             _ => false,
@@ -314,6 +254,51 @@ fn name_output_columns(stmt: &mut datafusion::sql::sqlparser::ast::Statement) ->
         datafusion::sql::sqlparser::ast::Statement::Query(q) => name_set_expr(q.body.as_mut()),
         _ => false,
     }
+}
+
+/// The name Postgres gives an unaliased select-list expression: [`figure_colname`]'s, or
+/// `?column?`.
+fn postgres_name(e: &Expr) -> String {
+    figure_colname(e).map_or_else(|| "?column?".to_string(), |n| n.0)
+}
+
+/// Aliases each unnamed item of `select` that `name_for(position, expr)` names, unless
+/// another item of the list has that name too (DataFusion refuses two result columns of
+/// one name). Whether any item was aliased.
+fn alias_unique(
+    select: &mut datafusion::sql::sqlparser::ast::Select,
+    name_for: impl Fn(usize, &Expr) -> Option<String>,
+) -> bool {
+    let names: Vec<Option<String>> = select
+        .projection
+        .iter()
+        .map(|item| match item {
+            SelectItem::UnnamedExpr(e) => Some(postgres_name(e)),
+            SelectItem::ExprWithAlias { alias, .. } => Some(alias.value.clone()),
+            _ => None,
+        })
+        .collect();
+    let mut changed = false;
+    for (i, item) in select.projection.iter_mut().enumerate() {
+        let SelectItem::UnnamedExpr(e) = item else {
+            continue;
+        };
+        let Some(name) = name_for(i, e) else {
+            continue;
+        };
+        let unique = names
+            .iter()
+            .enumerate()
+            .all(|(j, n)| j == i || n.as_deref() != Some(name.as_str()));
+        if unique {
+            *item = SelectItem::ExprWithAlias {
+                expr: e.clone(),
+                alias: datafusion::sql::sqlparser::ast::Ident::with_quote('"', name),
+            };
+            changed = true;
+        }
+    }
+    changed
 }
 
 /// Whether `stmt` reads `pg_catalog` or `information_schema`.
@@ -703,10 +688,7 @@ fn figure_colname(e: &Expr) -> Option<(String, u8)> {
         Expr::Subquery(q) => match q.body.as_ref() {
             SetExpr::Select(select) => match select.projection.first()? {
                 SelectItem::ExprWithAlias { alias, .. } => Some((alias.value.clone(), 2)),
-                SelectItem::UnnamedExpr(e) => Some((
-                    figure_colname(e).map_or_else(|| "?column?".to_string(), |n| n.0),
-                    2,
-                )),
+                SelectItem::UnnamedExpr(e) => Some((postgres_name(e), 2)),
                 _ => None,
             },
             _ => None,

@@ -76,12 +76,7 @@ impl StartupHandler for Startup {
         save_startup_parameters_to_metadata(client, &startup);
         let (pid, key) = self.pids.generate(&*client);
         client.set_pid_and_secret_key(pid, key.clone());
-        let database = client
-            .metadata()
-            .get(METADATA_DATABASE)
-            .or_else(|| client.metadata().get(METADATA_USER))
-            .cloned()
-            .unwrap_or_else(|| "postgres".into());
+        let database = connected_database(&*client);
         client
             .session_extensions()
             .insert::<DatabaseInUse>(DatabaseInUse::new(database));
@@ -92,6 +87,16 @@ impl StartupHandler for Startup {
         client.session_extensions().insert::<ConnectionGuard>(guard);
         finish_authentication(client, &Parameters).await
     }
+}
+
+/// The database a client connected to: its startup's `database`, or (as in Postgres) its
+/// user's name.
+pub fn connected_database<C: ClientInfo + ?Sized>(client: &C) -> String {
+    let meta = client.metadata();
+    meta.get(METADATA_DATABASE)
+        .or_else(|| meta.get(METADATA_USER))
+        .cloned()
+        .unwrap_or_else(|| "postgres".to_string())
 }
 
 /// The database names open connections use, with how many use each.
