@@ -670,6 +670,9 @@ pub struct Catalog {
     /// Tables made with `CREATE TABLE` (catalogs written before tables have none).
     #[serde(default)]
     pub tables: Vec<TableDef>,
+    /// Roles made with `CREATE ROLE`, their passwords hashed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roles: Vec<crate::auth::RoleDef>,
 }
 
 /// A table made with `CREATE TABLE`: a Delta table, read and changed by ordinary

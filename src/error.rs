@@ -41,6 +41,8 @@ pub enum SqlState {
     BadCopyFileFormat,
     WrongObjectType,
     QueryCanceled,
+    InsufficientPrivilege,
+    InvalidPassword,
     IoError,
     InternalError,
 }
@@ -78,6 +80,8 @@ impl SqlState {
             SqlState::BadCopyFileFormat => "22P04",
             SqlState::WrongObjectType => "42809",
             SqlState::QueryCanceled => "57014",
+            SqlState::InsufficientPrivilege => "42501",
+            SqlState::InvalidPassword => "28P01",
             SqlState::IoError => "58030",
             SqlState::InternalError => "XX000",
         }
@@ -149,6 +153,10 @@ pub enum Error {
     /// The client abandoned the statement (`CopyFail`).
     #[error("{0}")]
     QueryCanceled(String),
+
+    /// The role may not do this (42501).
+    #[error("{message}")]
+    PermissionDenied { message: String, hint: String },
     /// A column that the relation does not have.
     #[error("column \"{column}\" of relation \"{relation}\" does not exist")]
     UndefinedColumn { column: String, relation: String },
@@ -201,6 +209,7 @@ impl Error {
             Error::UndefinedColumn { .. } => SqlState::UndefinedColumn,
             Error::WrongObjectType(_) => SqlState::WrongObjectType,
             Error::QueryCanceled(_) => SqlState::QueryCanceled,
+            Error::PermissionDenied { .. } => SqlState::InsufficientPrivilege,
             Error::BadCopy { state, .. } => *state,
             Error::Io { .. } => SqlState::IoError,
             Error::Delta { .. } => SqlState::IoError,
@@ -215,7 +224,9 @@ impl Error {
             Error::Unsupported { hint, .. }
             | Error::InvalidOption { hint, .. }
             | Error::ParseError { hint, .. } => hint.clone(),
-            Error::IncompatibleCheckpoint { hint, .. } => Some(hint.clone()),
+            Error::IncompatibleCheckpoint { hint, .. } | Error::PermissionDenied { hint, .. } => {
+                Some(hint.clone())
+            }
             Error::DataFusion(e) => postgres_error(e).hint,
             _ => None,
         }

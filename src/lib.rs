@@ -6,6 +6,7 @@
 //! - [`server`]: the Postgres wire (pgwire through datafusion-postgres); splits query
 //!   strings, runs Tidemark's statements on the engine, delegates the rest.
 //! - [`sql`]: statement splitting, Tidemark's statements, options, SQL types.
+//! - [`auth`]: roles, stored passwords (SCRAM-SHA-256, md5) and the proof of a login.
 //! - [`catalog`]: streams and sinks as declared, durable in `catalog.json`.
 //! - [`engine`]: executes statements, runs one trigger loop per sink, keeps status and
 //!   progress, exposes `tidemark.queries` and `tidemark.progress`.
@@ -19,6 +20,7 @@
 //!
 //! See `ARCHITECTURE.md` for the life of a micro-batch and the invariants.
 
+pub mod auth;
 pub mod catalog;
 pub mod checkpoint;
 pub mod clock;

@@ -4,8 +4,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use tidemark::auth::{AuthMethod, is_loopback};
 use tidemark::engine::{Engine, Output};
 use tidemark::error::Error;
+use tidemark::server::ServerOptions;
 use tidemark::sql::{Piece, TidemarkStatement, parse_tidemark, split};
 use tokio::net::TcpListener;
 
@@ -22,6 +24,25 @@ struct Cli {
     /// The address the Postgres wire server listens on.
     #[arg(long, global = true, default_value = "127.0.0.1:5433")]
     listen: String,
+    /// How clients prove who they are. By default clients on this machine (loopback) are
+    /// trusted and any other client needs a password (SCRAM-SHA-256).
+    #[arg(long, global = true, value_parser = ["trust", "scram-sha-256", "md5"])]
+    auth: Option<String>,
+    /// Allow `--auth trust` on an address other machines can reach.
+    #[arg(long, global = true)]
+    insecure: bool,
+    /// A PEM certificate chain: clients may then connect with TLS (with --tls-key).
+    #[arg(long, global = true, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, global = true, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// At most this many client connections at once (0: no limit).
+    #[arg(long, global = true, default_value_t = 100)]
+    max_connections: usize,
+    /// Close a session idle (outside a transaction) this many seconds (0: never).
+    #[arg(long, global = true, default_value_t = 0)]
+    idle_session_timeout: u64,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -62,7 +83,10 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            None | Some(Command::Serve) => serve(&cli.data_dir, &cli.listen).await,
+            None | Some(Command::Serve) => match server_options(&cli) {
+                Ok(options) => serve(&cli.data_dir, &cli.listen, options, cli.insecure).await,
+                Err(e) => Err(e),
+            },
             Some(Command::Run { file }) => run_script(&cli.data_dir, &file).await,
         }
     });
@@ -78,7 +102,28 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(data_dir: &Path, listen: &str) -> Result<(), Error> {
+/// The server's options from the command line.
+fn server_options(cli: &Cli) -> Result<ServerOptions, Error> {
+    let auth = cli.auth.as_deref().and_then(AuthMethod::from_name);
+    let tls = match (&cli.tls_cert, &cli.tls_key) {
+        (Some(cert), Some(key)) => Some(tidemark::server::tls_acceptor(cert, key)?),
+        _ => None,
+    };
+    Ok(ServerOptions {
+        auth,
+        tls,
+        max_connections: cli.max_connections,
+        idle_session_timeout: (cli.idle_session_timeout > 0)
+            .then(|| std::time::Duration::from_secs(cli.idle_session_timeout)),
+    })
+}
+
+async fn serve(
+    data_dir: &Path,
+    listen: &str,
+    options: ServerOptions,
+    insecure: bool,
+) -> Result<(), Error> {
     let engine = Engine::open(data_dir).await?;
     tidemark::server::prepare_session(&engine)?;
     let listener = TcpListener::bind(listen)
@@ -87,11 +132,30 @@ async fn serve(data_dir: &Path, listen: &str) -> Result<(), Error> {
     let addr = listener
         .local_addr()
         .map_err(|e| Error::io("reading the listen address", e))?;
+    AuthMethod::check_listen(options.auth, addr.ip(), insecure).map_err(|message| {
+        Error::InvalidOption {
+            message,
+            hint: None,
+        }
+    })?;
+    if !is_loopback(addr.ip())
+        && options.auth != Some(AuthMethod::Trust)
+        && !engine
+            .roles()
+            .iter()
+            .any(|r| r.login && r.password.is_some())
+    {
+        tracing::warn!(
+            %addr,
+            "no role has a password, so clients off this machine cannot log in: connect \
+             from this machine and CREATE ROLE name LOGIN PASSWORD '...'"
+        );
+    }
     engine.start_sinks().await;
     tracing::info!(%addr, data_dir = %engine.data_dir().display(), "tidemark is ready");
     // Tests read this line to learn the port when listening on port 0.
     println!("listening on {addr}");
-    tidemark::server::run(listener, engine.clone(), shutdown_signal())
+    tidemark::server::run(listener, engine.clone(), options, shutdown_signal())
         .await
         .map_err(|e| Error::io("serving", e))?;
     tracing::info!("shutting down: stopping streaming queries after their current batch");

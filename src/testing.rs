@@ -60,3 +60,15 @@ pub fn fail_point(point: &str) -> crate::error::Result<()> {
     }
     Ok(())
 }
+
+/// `TIDEMARK_PAUSE_AT=<point>` makes every pass through `pause_point("<point>")` wait
+/// forever: a batch that never ends, for tests of what waits on one (`FLUSH` and its
+/// cancel). Points: `batch_start`.
+pub async fn pause_point(point: &str) {
+    static PAUSE: OnceLock<Option<String>> = OnceLock::new();
+    let armed = PAUSE.get_or_init(|| std::env::var("TIDEMARK_PAUSE_AT").ok());
+    if armed.as_deref() == Some(point) {
+        eprintln!("tidemark: pause point {point} reached; waiting forever");
+        std::future::pending::<()>().await;
+    }
+}

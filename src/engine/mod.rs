@@ -11,6 +11,7 @@ pub mod operator;
 pub mod plan;
 pub mod progress;
 pub mod query;
+mod roles;
 pub mod settings;
 pub mod side_tables;
 pub mod tables;
@@ -77,6 +78,9 @@ pub struct Engine {
     clock: Arc<dyn crate::clock::Clock>,
     /// Set when the server shuts down: no query starts after it.
     shutting_down: std::sync::atomic::AtomicBool,
+    /// The catalog's roles, by name, for logins and privilege checks (which must not wait
+    /// for a DDL statement holding the catalog).
+    roles: Mutex<HashMap<String, crate::auth::RoleDef>>,
     me: Weak<Engine>,
 }
 
@@ -105,6 +109,7 @@ impl Engine {
             logs: Mutex::new(HashMap::new()),
             clock: crate::clock::system(),
             shutting_down: Default::default(),
+            roles: Default::default(),
             me: me.clone(),
         });
         window::register_udfs(&engine.ctx);
@@ -164,6 +169,7 @@ impl Engine {
             }
             registry.set(qs);
         }
+        engine.set_roles(&catalog.roles);
         *engine.catalog.lock().await = catalog;
         Ok(engine)
     }
@@ -350,6 +356,20 @@ impl Engine {
             TidemarkStatement::Delete { table, predicate } => {
                 self.delete(&table, predicate.as_deref()).await
             }
+            TidemarkStatement::CreateRole {
+                name,
+                if_not_exists,
+                options,
+            } => self.create_role(&name, if_not_exists, options).await,
+            TidemarkStatement::AlterRole { name, options } => self.alter_role(&name, options).await,
+            TidemarkStatement::DropRole { names, if_exists } => {
+                self.drop_role(&names, if_exists).await
+            }
+            TidemarkStatement::GrantRole {
+                roles,
+                members,
+                revoke,
+            } => self.grant_role(&roles, &members, revoke).await,
             TidemarkStatement::CopyFrom(c) => Err(Error::unsupported(format!(
                 "COPY {} FROM STDIN needs a client that sends the data (psql's \\copy, a driver)",
                 c.table

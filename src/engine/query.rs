@@ -1081,6 +1081,7 @@ impl Runner {
         durations: &mut BTreeMap<String, u64>,
         phases: &mut Phases,
     ) -> Result<BatchStats> {
+        crate::testing::pause_point("batch_start").await;
         let mut stats = BatchStats::default();
         let read_start = Instant::now();
         // Spark's addBatch: from the plan's execution to the sink's commit.

@@ -592,7 +592,7 @@ impl PgCatalog {
 /// A `pg_catalog` table datafusion-postgres makes, with Tidemark's corrections: the rows
 /// are `batches` of `inner`'s, computed at each scan.
 #[async_trait]
-trait Patch: std::fmt::Debug + Send + Sync + 'static {
+pub(super) trait Patch: std::fmt::Debug + Send + Sync + 'static {
     fn inner(&self) -> &Arc<dyn TableProvider>;
 
     async fn batches(&self, state: &dyn Session) -> Result<Vec<RecordBatch>>;
@@ -600,7 +600,7 @@ trait Patch: std::fmt::Debug + Send + Sync + 'static {
 
 /// A [`Patch`] as a table.
 #[derive(Debug)]
-struct Patched<P>(Arc<P>);
+pub(super) struct Patched<P>(pub(super) Arc<P>);
 
 #[async_trait]
 impl<P: Patch> TableProvider for Patched<P> {
@@ -629,7 +629,7 @@ impl<P: Patch> TableProvider for Patched<P> {
 }
 
 /// Every batch of `table`, unfiltered.
-async fn collect_all(
+pub(super) async fn collect_all(
     table: &Arc<dyn TableProvider>,
     state: &dyn Session,
 ) -> Result<Vec<RecordBatch>> {
@@ -640,7 +640,9 @@ async fn collect_all(
 #[async_trait]
 impl SchemaProvider for PgCatalog {
     fn table_names(&self) -> Vec<String> {
-        self.inner.table_names()
+        let mut names = self.inner.table_names();
+        names.extend(["pg_user".to_string(), "pg_stat_activity".to_string()]);
+        names
     }
 
     async fn table(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>> {
@@ -675,12 +677,39 @@ impl SchemaProvider for PgCatalog {
             })),
             "pg_matviews" => Ok(Some(Arc::new(pg_matviews(&views(&self.public).await?)?))),
             "pg_settings" => Ok(Some(Arc::new(pg_settings()?))),
+            "pg_roles" | "pg_authid" | "pg_user" => {
+                let (Some(roles), Some(predefined)) = (
+                    self.inner.table("pg_roles").await?,
+                    self.inner.table("pg_authid").await?,
+                ) else {
+                    return Ok(None);
+                };
+                let table = |inner| {
+                    Arc::new(super::roles_catalog::PgRoles {
+                        inner,
+                        predefined: predefined.clone(),
+                        engine: self.engine.clone(),
+                        show_password: !name.eq_ignore_ascii_case("pg_authid"),
+                    })
+                };
+                Ok(Some(match name.to_ascii_lowercase().as_str() {
+                    "pg_user" => Arc::new(super::roles_catalog::PgUser {
+                        roles: table(roles),
+                    }),
+                    "pg_roles" => Arc::new(Patched(table(roles))),
+                    _ => Arc::new(Patched(table(predefined.clone()))),
+                }))
+            }
+            "pg_stat_activity" => Ok(Some(Arc::new(super::roles_catalog::pg_stat_activity()?))),
             _ => self.inner.table(name).await,
         }
     }
 
     fn table_exist(&self, name: &str) -> bool {
         self.inner.table_exist(name)
+            || ["pg_user", "pg_stat_activity"]
+                .iter()
+                .any(|n| n.eq_ignore_ascii_case(name))
     }
 }
 
@@ -1023,7 +1052,7 @@ impl Patch for PgDatabase {
         let schema = self.inner.schema();
         let batches = collect_all(&self.inner, state).await?;
         let all = datafusion::arrow::compute::concat_batches(&schema, &batches)?;
-        let names = super::session::databases_in_use();
+        let names = super::activity::databases_in_use();
         let (Ok(oid_idx), Ok(name_idx)) = (schema.index_of("oid"), schema.index_of("datname"))
         else {
             return Ok(vec![all]);
@@ -1055,10 +1084,16 @@ impl Patch for PgDatabase {
 
 /// A database's oid: Postgres's 5 for `postgres`, otherwise one derived from the name
 /// (stable across restarts, above the range Postgres reserves for its own objects).
-fn database_oid(name: &str) -> i32 {
+pub(super) fn database_oid(name: &str) -> i32 {
     if name == "postgres" {
         return 5;
     }
+    oid_of_name(name)
+}
+
+/// An oid derived from a name: stable across restarts, above the range Postgres reserves
+/// for its own objects.
+pub(super) fn oid_of_name(name: &str) -> i32 {
     // FNV-1a
     let mut h: u32 = 0x811c_9dc5;
     for b in name.bytes() {

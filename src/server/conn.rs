@@ -24,15 +24,16 @@ use pgwire::api::auth::StartupHandler;
 use pgwire::api::cancel::CancelHandler;
 use pgwire::api::copy::CopyHandler;
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
-use pgwire::api::store::MemPortalStore;
+use pgwire::api::store::{Entry, MemPortalStore, PortalStore};
 use pgwire::api::{ClientInfo, ClientPortalStore, PgWireConnectionState};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
-use pgwire::messages::response::ReadyForQuery;
+use pgwire::messages::response::{ReadyForQuery, TransactionStatus};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use pgwire::tokio::server::{MaybeTls, PgWireMessageServerCodec, negotiate_tls};
 use tokio::net::TcpStream;
 use tokio_util::codec::{Decoder, Encoder, Framed, FramedParts};
 
+use super::activity::Registered;
 use super::{ExtStatement, Handlers};
 use crate::config;
 
@@ -47,7 +48,7 @@ pub(super) async fn serve(socket: TcpStream, handlers: Arc<Handlers>) -> io::Res
     tokio::pin!(startup);
     let negotiated = tokio::select! {
         _ = &mut startup => return Ok(()),
-        n = negotiate_tls::<ExtStatement>(socket, None) => n?,
+        n = negotiate_tls::<ExtStatement>(socket, handlers.tls.clone()) => n?,
     };
     let Some(framed) = negotiated else {
         return Ok(());
@@ -71,10 +72,24 @@ pub(super) async fn serve(socket: TcpStream, handlers: Arc<Handlers>) -> io::Res
             PgWireConnectionState::AwaitingStartup
                 | PgWireConnectionState::AuthenticationInProgress
         );
+        let idle = matches!(conn.state(), PgWireConnectionState::ReadyForQuery)
+            && matches!(conn.transaction_status(), TransactionStatus::Idle);
         let next = if starting {
             tokio::select! {
                 _ = &mut startup => return Ok(()),
                 m = conn.framed.next() => m,
+            }
+        } else if let Some(limit) = handlers.idle_session_timeout.filter(|_| idle) {
+            match tokio::time::timeout(limit, conn.framed.next()).await {
+                Ok(m) => m,
+                Err(_) => {
+                    let info = ErrorInfo::new(
+                        "FATAL".into(),
+                        "57P05".into(),
+                        "terminating connection due to idle-session timeout".into(),
+                    );
+                    return send_error(&mut conn, info, false).await;
+                }
             }
         } else {
             conn.framed.next().await
@@ -101,10 +116,19 @@ pub(super) async fn serve(socket: TcpStream, handlers: Arc<Handlers>) -> io::Res
             PgWireConnectionState::CopyInProgress(extended) => extended,
             _ => message.is_extended_query(),
         };
-        match AssertUnwindSafe(dispatch(&mut conn, &handlers, message))
-            .catch_unwind()
-            .await
+        let session = conn
+            .session_extensions()
+            .get::<Registered>()
+            .map(|r| r.0.clone());
+        if let Some(session) = &session
+            && let Some(statement) = statement_of(&conn, &message)
         {
+            session.start(&statement);
+        }
+        let outcome = AssertUnwindSafe(dispatch(&mut conn, &handlers, message))
+            .catch_unwind()
+            .await;
+        match outcome {
             Ok(Ok(())) => {}
             Ok(Err(PgWireError::IoError(_))) => return Ok(()),
             Ok(Err(e)) => {
@@ -130,6 +154,30 @@ pub(super) async fn serve(socket: TcpStream, handlers: Arc<Handlers>) -> io::Res
                 return send_error(&mut conn, info, false).await;
             }
         }
+        if let Some(session) = &session
+            && matches!(conn.state(), PgWireConnectionState::ReadyForQuery)
+        {
+            session.rest(match conn.transaction_status() {
+                TransactionStatus::Idle => "idle",
+                TransactionStatus::Transaction => "idle in transaction",
+                TransactionStatus::Error => "idle in transaction (aborted)",
+            });
+        }
+    }
+}
+
+/// The statement a `Query` or `Execute` runs, for `pg_stat_activity`.
+fn statement_of(conn: &Conn, message: &PgWireFrontendMessage) -> Option<String> {
+    match message {
+        PgWireFrontendMessage::Query(q) => Some(q.query.clone()),
+        PgWireFrontendMessage::Execute(e) => {
+            let name = e.name.as_deref().unwrap_or("");
+            match conn.portal_store().get_portal(name) {
+                Some(Entry::Value(portal)) => Some(portal.statement.statement.0.clone()),
+                _ => None,
+            }
+        }
+        _ => None,
     }
 }
 
@@ -521,7 +569,10 @@ impl ClientInfo for Conn {
     fn client_certificates<'a>(
         &self,
     ) -> Option<&[pgwire::tokio::tokio_rustls::rustls::pki_types::CertificateDer<'a>]> {
-        None
+        match self.framed.get_ref() {
+            MaybeTls::Tls(tls) => tls.get_ref().1.peer_certificates(),
+            _ => None,
+        }
     }
 }
 

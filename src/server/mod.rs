@@ -39,18 +39,24 @@ use pgwire::messages::PgWireBackendMessage;
 use pgwire::messages::data::{DataRow, NoData, ParameterDescription};
 use pgwire::messages::extendedquery::{Describe, TARGET_TYPE_BYTE_STATEMENT};
 use pgwire::messages::response::TransactionStatus;
+use pgwire::tokio::TlsAcceptor;
 use pgwire::types::format::FormatOptions;
 use tokio::net::TcpListener;
 
+mod activity;
 mod catalog;
 mod conn;
 mod copy;
 mod information_schema;
 mod insert;
+mod interrupt;
+mod login;
 mod plans;
 mod rewrite;
+mod roles_catalog;
 mod session;
 
+use crate::auth::{AuthMethod, RoleDef};
 use crate::engine::{Engine, Output};
 use crate::error::{Error, postgres_error};
 use crate::sql::parser::SavepointCommand;
@@ -88,13 +94,60 @@ fn version_udf() -> ScalarUDF {
     )
 }
 
+/// How the server meets its clients: `tidemark serve`'s flags.
+#[derive(Clone, Default)]
+pub struct ServerOptions {
+    /// `--auth`; `None` is the default: trust for loopback clients, SCRAM-SHA-256 for others.
+    pub auth: Option<AuthMethod>,
+    /// `--tls-cert` and `--tls-key`: clients may ask for TLS (`sslmode=require`).
+    pub tls: Option<TlsAcceptor>,
+    /// `--max-connections`; 0 is no limit.
+    pub max_connections: usize,
+    /// `--idle-session-timeout`: a session idle this long outside a transaction is closed.
+    pub idle_session_timeout: Option<std::time::Duration>,
+}
+
+/// The TLS acceptor of a certificate chain and its private key, both PEM files.
+pub fn tls_acceptor(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> crate::error::Result<TlsAcceptor> {
+    use pgwire::tokio::tokio_rustls::rustls::{self, ServerConfig};
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))
+    };
+    let bad = |path: &std::path::Path, e: String| Error::InvalidOption {
+        message: format!("{}: {e}", path.display()),
+        hint: Some("--tls-cert takes a PEM certificate chain, --tls-key a PEM private key.".into()),
+    };
+    let cert_pem = read(cert)?;
+    let certs = CertificateDer::pem_slice_iter(&cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(cert, e.to_string()))?;
+    if certs.is_empty() {
+        return Err(bad(cert, "no certificate found".into()));
+    }
+    let key = PrivateKeyDer::from_pem_slice(&read(key)?).map_err(|e| bad(key, e.to_string()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key))
+        .map_err(|e| bad(cert, e.to_string()))?;
+    // Postgres 17's direct TLS negotiation names this protocol.
+    config.alpn_protocols = vec![b"postgresql".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
 /// Accepts connections until `shutdown` completes. Each connection gets its own task.
 pub async fn run(
     listener: TcpListener,
     engine: Arc<Engine>,
+    options: ServerOptions,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let handlers = Arc::new(Handlers::new(engine));
+    let handlers = Arc::new(Handlers::new(engine, options));
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -119,26 +172,35 @@ pub async fn run(
 /// The handlers of every connection ([`conn`] calls them).
 pub struct Handlers {
     service: Arc<TidemarkService>,
-    startup: Arc<session::Startup>,
+    startup: Arc<login::Startup>,
     cancel: Arc<DefaultCancelHandler>,
+    tls: Option<TlsAcceptor>,
+    idle_session_timeout: Option<std::time::Duration>,
 }
 
 impl Handlers {
-    pub fn new(engine: Arc<Engine>) -> Handlers {
+    pub fn new(engine: Arc<Engine>, options: ServerOptions) -> Handlers {
         let connections = Arc::new(ConnectionManager::new());
         let inner = Arc::new(DfSessionService::new(Arc::new(engine.context().clone())));
         let parser = Arc::new(TidemarkParser {
             inner: inner.query_parser(),
         });
         Handlers {
+            startup: Arc::new(login::Startup::new(
+                engine.clone(),
+                connections.clone(),
+                options.auth,
+                options.max_connections,
+            )),
             service: Arc::new(TidemarkService {
                 engine,
                 inner,
                 parser,
                 plans: plans::PlanCache::default(),
             }),
-            startup: Arc::new(session::Startup::new(connections.clone())),
             cancel: Arc::new(DefaultCancelHandler::new(connections)),
+            tls: options.tls,
+            idle_session_timeout: options.idle_session_timeout,
         }
     }
 }
@@ -199,21 +261,12 @@ fn starts_with_keyword(sql: &str, keyword: &str) -> bool {
         && t[keyword.len()..].starts_with(|c: char| c.is_whitespace())
 }
 
-/// The session's `statement_timeout`, as datafusion-postgres's `SET` stores it.
-fn statement_timeout<C: ClientInfo>(client: &C) -> Option<std::time::Duration> {
-    client
-        .metadata()
-        .get("statement_timeout_ms")
-        .and_then(|s| s.parse::<u64>().ok())
-        .filter(|ms| *ms > 0)
-        .map(std::time::Duration::from_millis)
-}
-
 /// Runs a planned query, its rows encoded for the wire as they come.
 fn encode_plan<C: ClientInfo>(
     client: &C,
     ready: plans::Ready,
     format: &Format,
+    stop: interrupt::Stop,
 ) -> PgWireResult<Response> {
     use datafusion_postgres::arrow_pg::datatypes::encode_recordbatch;
     use futures::StreamExt;
@@ -237,7 +290,10 @@ fn encode_plan<C: ClientInfo>(
             futures::stream::iter(rows)
         })
         .flatten();
-    Ok(Response::Query(QueryResponse::new(fields, rows)))
+    Ok(Response::Query(QueryResponse::new(
+        fields,
+        interrupt::rows_until(rows, stop),
+    )))
 }
 
 /// Encodes an engine result for the wire.
@@ -288,18 +344,10 @@ impl TidemarkService {
                 _ => Ok(None),
             }
         };
-        let planned = match statement_timeout(client) {
-            Some(limit) => match tokio::time::timeout(limit, planned).await {
-                Ok(p) => p,
-                Err(_) => {
-                    return Some(Err(PgWireError::UserError(Box::new(ErrorInfo::new(
-                        "ERROR".into(),
-                        "57014".into(),
-                        "canceling statement due to statement timeout".into(),
-                    )))));
-                }
-            },
-            None => planned.await,
+        let stop = interrupt::watch(client).await;
+        let planned = tokio::select! {
+            p = planned => p,
+            why = stop.clone() => return Some(Err(why.error())),
         };
         let ready = match planned {
             Ok(Some(ready)) => ready,
@@ -307,7 +355,7 @@ impl TidemarkService {
             Err(e) => return Some(Err(classify_pg_error(PgWireError::ApiError(Box::new(e))))),
         };
         tracing::trace!(sql, kept = ready.kept, "read-only query");
-        Some(encode_plan(client, ready, format))
+        Some(encode_plan(client, ready, format, stop))
     }
 
     async fn run_tidemark<C>(
@@ -336,12 +384,57 @@ impl TidemarkService {
             }
             _ => {}
         }
-        let output = self
-            .engine
-            .execute(stmt)
-            .await
-            .map_err(|e| to_pg_error(&e))?;
+        // FLUSH only waits: a cancel or statement_timeout may stop it.
+        let waits = matches!(stmt, crate::sql::TidemarkStatement::Flush { .. });
+        let work = async { self.engine.execute(stmt).await.map_err(|e| to_pg_error(&e)) };
+        let output = if waits {
+            interrupt::race(work, interrupt::watch(client).await).await?
+        } else {
+            work.await?
+        };
         encode_output(&self.engine, output, format).await
+    }
+
+    /// Refuses `piece` with 42501 when the connection's role may not run it. Superusers,
+    /// and trusted users that are no role, may run anything.
+    async fn check_privileges<C: ClientInfo>(&self, client: &C, piece: &Piece) -> PgWireResult<()> {
+        let Some(role) = self.role_to_check(client) else {
+            return Ok(());
+        };
+        let needs = match piece {
+            Piece::Tidemark(text) => match parse_tidemark(text) {
+                Ok(stmt) => crate::sql::privilege::of_tidemark(&stmt),
+                // Running it reports the syntax error.
+                Err(_) => return Ok(()),
+            },
+            Piece::Other(text) => {
+                let relations: std::collections::HashSet<String> = self
+                    .engine
+                    .relations()
+                    .await
+                    .into_iter()
+                    .map(|r| r.name)
+                    .collect();
+                crate::sql::privilege::of_sql(text, &|name| relations.contains(name))
+            }
+        };
+        match needs.iter().find(|n| !role.has(n.privilege)) {
+            Some(need) => Err(to_pg_error(&need.refusal(piece.text()))),
+            None => Ok(()),
+        }
+    }
+
+    /// The role whose privileges `client`'s statements are checked against, or `None`
+    /// when they need no check.
+    fn role_to_check<C: ClientInfo>(&self, client: &C) -> Option<RoleDef> {
+        let login = client.session_extensions().get::<login::Login>()?;
+        match self.engine.role(&login.user) {
+            Some(role) if role.superuser => None,
+            Some(role) => Some(role),
+            None if login.trusted => None,
+            // Dropped since it logged in: it may do nothing.
+            None => Some(RoleDef::new(login.user.clone())),
+        }
     }
 }
 
@@ -359,6 +452,9 @@ impl SimpleQueryHandler for TidemarkService {
             return Err(to_pg_error(&e));
         }
         if pieces.iter().all(|p| matches!(p, Piece::Other(_))) {
+            for piece in &pieces {
+                self.check_privileges(client, piece).await?;
+            }
             let rewritten = rewrite::rewrite_client_query(query, &session_facts(client));
             let query = rewritten.as_deref().unwrap_or(query);
             if pieces.len() == 1
@@ -366,9 +462,16 @@ impl SimpleQueryHandler for TidemarkService {
             {
                 return Ok(vec![response?]);
             }
+            let stop = interrupt::watch(client).await;
             let out = SimpleQueryHandler::do_query(self.inner.as_ref(), client, query)
                 .await
-                .map_err(classify_pg_error);
+                .map_err(classify_pg_error)
+                .map(|responses| {
+                    responses
+                        .into_iter()
+                        .map(|r| interrupt::response_until(r, stop.clone()))
+                        .collect()
+                });
             // It may have changed the session or the catalog (an INSERT changes rows only,
             // which kept plans read afresh: a writer beside a dashboard keeps its plans).
             if !(pieces.len() == 1 && starts_with_keyword(query, "INSERT")) {
@@ -379,6 +482,10 @@ impl SimpleQueryHandler for TidemarkService {
         // A mix: run in order, stop at the first error (as Postgres does).
         let mut results = Vec::new();
         for piece in pieces {
+            if let Err(e) = self.check_privileges(client, &piece).await {
+                results.push(Response::Error(Box::new(into_error_info(e))));
+                break;
+            }
             let outcome = match &piece {
                 Piece::Tidemark(text) => self
                     .run_tidemark(client, text, &Format::UnifiedText)
@@ -437,6 +544,11 @@ fn session_facts<C: ClientInfo + ?Sized>(client: &C) -> rewrite::SessionFacts {
     rewrite::SessionFacts {
         database: session::connected_database(client),
         pid: client.pid_and_secret_key().0,
+        user: client
+            .metadata()
+            .get(pgwire::api::METADATA_USER)
+            .cloned()
+            .unwrap_or_default(),
     }
 }
 
@@ -589,6 +701,13 @@ impl ExtendedQueryHandler for TidemarkService {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
+        if self.role_to_check(client).is_some() {
+            let piece = match tidemark_text(&portal.statement.statement) {
+                Some(text) => Piece::Tidemark(text.to_string()),
+                None => Piece::Other(portal.statement.statement.0.clone()),
+            };
+            self.check_privileges(client, &piece).await?;
+        }
         if let Some(text) = tidemark_text(&portal.statement.statement) {
             let out = self
                 .run_tidemark(client, text, &portal.result_column_format)
@@ -615,9 +734,11 @@ impl ExtendedQueryHandler for TidemarkService {
         {
             return response;
         }
+        let stop = interrupt::watch(client).await;
         let out = ExtendedQueryHandler::do_query(self.inner.as_ref(), client, portal, max_rows)
             .await
-            .map_err(classify_pg_error);
+            .map_err(classify_pg_error)
+            .map(|r| interrupt::response_until(r, stop));
         // Anything but a query or an INSERT may have changed the session or the catalog.
         if !matches!(
             &portal.statement.statement,

@@ -31,11 +31,14 @@ pub struct SessionFacts {
     pub database: String,
     /// The backend's process id, as its `BackendKeyData` gave it.
     pub pid: i32,
+    /// The user the client logged in as.
+    pub user: String,
 }
 
 /// `sql` rewritten for DataFusion and for this session, if it is one statement that needs
 /// it (`None` otherwise, and for text that does not parse):
-/// - `current_database()` and `current_catalog` are the connected database's name, and
+/// - `current_database()` and `current_catalog` are the connected database's name,
+///   `current_user`, `session_user` and `current_role` the user logged in, and
 ///   `pg_backend_pid()` the connection's pid: the session's engine is shared by every
 ///   connection, so these are filled in per statement;
 /// - `'pg_class'::regclass` (and the other system catalogs) is the catalog's oid in
@@ -54,12 +57,17 @@ pub fn rewrite_client_query(sql: &str, session: &SessionFacts) -> Option<String>
     let per_session = [
         "current_database",
         "current_catalog",
+        "current_user",
+        "session_user",
+        "current_role",
         "pg_backend_pid",
         "regclass",
         "regtype",
         "regproc",
         "search_path",
         "format",
+        "pg_user",
+        "pg_stat_activity",
     ]
     .iter()
     .any(|w| lower.contains(w));
@@ -547,6 +555,29 @@ fn has_no_arguments(f: &datafusion::sql::sqlparser::ast::Function) -> bool {
 impl VisitorMut for SessionRewrite<'_> {
     type Break = ();
 
+    /// `pg_user` and `pg_stat_activity` unqualified are `pg_catalog`'s, as Postgres's
+    /// search path finds them (datafusion-postgres qualifies only the tables it makes).
+    fn pre_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<()> {
+        use datafusion::sql::sqlparser::ast::{Ident, ObjectName, ObjectNamePart};
+        if let TableFactor::Table {
+            name, args: None, ..
+        } = factor
+            && let [ObjectNamePart::Identifier(ident)] = name.0.as_slice()
+            && ident.quote_style.is_none()
+            && ["pg_user", "pg_stat_activity"]
+                .iter()
+                .any(|t| ident.value.eq_ignore_ascii_case(t))
+        {
+            let table = ident.clone();
+            *name = ObjectName(vec![
+                ObjectNamePart::Identifier(Ident::new("pg_catalog")),
+                ObjectNamePart::Identifier(table),
+            ]);
+            self.changed = true;
+        }
+        ControlFlow::Continue(())
+    }
+
     fn pre_visit_query(&mut self, query: &mut Query) -> ControlFlow<()> {
         if is_search_path_membership(query) {
             let replacement = Parser::parse_sql(
@@ -569,6 +600,7 @@ impl VisitorMut for SessionRewrite<'_> {
         let replacement = match expr {
             Expr::Function(f) if has_no_arguments(f) => match function_name(f).as_str() {
                 "current_database" | "current_catalog" => Some(text(&self.session.database)),
+                "current_user" | "session_user" | "current_role" => Some(text(&self.session.user)),
                 "pg_backend_pid" => Some(number(self.session.pid)),
                 _ => None,
             },
@@ -1098,6 +1130,7 @@ mod tests {
             &SessionFacts {
                 database: "shop".into(),
                 pid: 42,
+                user: "ann".into(),
             },
         )
     }
@@ -1111,6 +1144,14 @@ mod tests {
         assert_eq!(
             rewrite("SELECT datname FROM pg_database WHERE datname = current_catalog").as_deref(),
             Some("SELECT datname FROM pg_database WHERE datname = 'shop'")
+        );
+        assert_eq!(
+            rewrite("SELECT pid, query FROM pg_stat_activity").as_deref(),
+            Some("SELECT pid, query FROM pg_catalog.pg_stat_activity")
+        );
+        assert_eq!(
+            rewrite("SELECT current_user, session_user").as_deref(),
+            Some("SELECT 'ann' AS \"current_user\", 'ann' AS \"session_user\"")
         );
         // Only those (the name is Postgres's for the column either way).
         assert_eq!(

@@ -5,11 +5,10 @@
 //! The values are [`config::PG_SETTINGS`]; a session's own `SET`s (datafusion-postgres
 //! keeps them in the connection's metadata) and its startup parameters override them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fmt::Debug;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::Arc;
 
-use async_trait::async_trait;
 use datafusion::arrow::array::{Array, StringArray};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::error::DataFusionError;
@@ -19,75 +18,18 @@ use datafusion::logical_expr::{
 };
 use datafusion::scalar::ScalarValue;
 use datafusion_postgres::pgwire;
-use futures::Sink;
-use pgwire::api::auth::{
-    DefaultServerParameterProvider, ServerParameterProvider, StartupHandler, finish_authentication,
-    protocol_negotiation, save_startup_parameters_to_metadata,
-};
+use pgwire::api::auth::{DefaultServerParameterProvider, ServerParameterProvider};
 use pgwire::api::portal::Format;
 use pgwire::api::results::{Response, Tag};
 use pgwire::api::store::PortalStore;
-use pgwire::api::{
-    ClientInfo, ClientPortalStore, ConnectionGuard, ConnectionHandle, ConnectionManager,
-    METADATA_DATABASE, METADATA_USER, PidSecretKeyGenerator, RandomPidSecretKeyGenerator,
-};
+use pgwire::api::{ClientInfo, ClientPortalStore, METADATA_DATABASE, METADATA_USER};
 use pgwire::error::{PgWireError, PgWireResult};
 use pgwire::messages::response::TransactionStatus;
-use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 
 use super::{encode_output, to_pg_error};
 use crate::config::{self, PgSetting};
 use crate::engine::{Engine, Output, settings};
 use crate::error::Error;
-
-/// The startup of a connection: protocol negotiation, the client's parameters kept in the
-/// session, a process id and key for cancelling, then AuthenticationOk and Postgres's
-/// parameter statuses. No password is asked for (trust).
-pub struct Startup {
-    pub connections: Arc<ConnectionManager>,
-    pids: RandomPidSecretKeyGenerator,
-}
-
-impl Startup {
-    pub fn new(connections: Arc<ConnectionManager>) -> Startup {
-        Startup {
-            connections,
-            pids: RandomPidSecretKeyGenerator::default(),
-        }
-    }
-}
-
-#[async_trait]
-impl StartupHandler for Startup {
-    async fn on_startup<C>(
-        &self,
-        client: &mut C,
-        message: PgWireFrontendMessage,
-    ) -> PgWireResult<()>
-    where
-        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
-        C::Error: Debug,
-        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
-    {
-        let PgWireFrontendMessage::Startup(startup) = message else {
-            return Ok(());
-        };
-        protocol_negotiation(client, &startup).await?;
-        save_startup_parameters_to_metadata(client, &startup);
-        let (pid, key) = self.pids.generate(&*client);
-        client.set_pid_and_secret_key(pid, key.clone());
-        let database = connected_database(&*client);
-        client
-            .session_extensions()
-            .insert::<DatabaseInUse>(DatabaseInUse::new(database));
-        let (handle, guard) = self.connections.register(pid, key);
-        client
-            .session_extensions()
-            .insert::<Arc<ConnectionHandle>>(handle);
-        client.session_extensions().insert::<ConnectionGuard>(guard);
-        finish_authentication(client, &Parameters).await
-    }
-}
 
 /// The database a client connected to: its startup's `database`, or (as in Postgres) its
 /// user's name.
@@ -99,49 +41,8 @@ pub fn connected_database<C: ClientInfo + ?Sized>(client: &C) -> String {
         .unwrap_or_else(|| "postgres".to_string())
 }
 
-/// The database names open connections use, with how many use each.
-static DATABASES: LazyLock<Mutex<BTreeMap<String, usize>>> = LazyLock::new(Default::default);
-
-/// A connection's use of a database name, counted while the connection lives.
-struct DatabaseInUse(String);
-
-impl DatabaseInUse {
-    fn new(name: String) -> DatabaseInUse {
-        *DATABASES
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(name.clone())
-            .or_default() += 1;
-        DatabaseInUse(name)
-    }
-}
-
-impl Drop for DatabaseInUse {
-    fn drop(&mut self) {
-        let mut all = DATABASES.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = all.get_mut(&self.0) {
-            *n -= 1;
-            if *n == 0 {
-                all.remove(&self.0);
-            }
-        }
-    }
-}
-
-/// The databases `pg_database` lists: `postgres` and every name a connection of this
-/// process uses, sorted.
-pub fn databases_in_use() -> Vec<String> {
-    let all = DATABASES.lock().unwrap_or_else(|e| e.into_inner());
-    let mut names: Vec<String> = all.keys().cloned().collect();
-    if !all.contains_key("postgres") {
-        names.push("postgres".into());
-        names.sort();
-    }
-    names
-}
-
 /// pgwire's parameter statuses, with Tidemark's `server_version`.
-struct Parameters;
+pub(super) struct Parameters;
 
 impl ServerParameterProvider for Parameters {
     fn server_parameters<C: ClientInfo>(&self, client: &C) -> Option<HashMap<String, String>> {

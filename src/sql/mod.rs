@@ -10,6 +10,8 @@ pub mod copy;
 pub mod merge;
 pub mod options;
 pub mod parser;
+pub mod privilege;
+pub mod roles;
 pub mod types;
 
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
@@ -102,6 +104,9 @@ pub fn split(sql: &str) -> Vec<Piece> {
 
 /// Whether the leading words name one of Tidemark's statements.
 fn is_tidemark(words: &[String]) -> bool {
+    if roles::is_role_statement(words) {
+        return true;
+    }
     let w = |i: usize| words.get(i).map(String::as_str).unwrap_or("");
     match w(0) {
         "CREATE" | "DROP" => matches!(w(1), "STREAM" | "SINK" | "MATERIALIZED" | "TABLE"),

@@ -16,6 +16,7 @@
 //! DROP TABLE [IF EXISTS] name [PURGE]
 //! MERGE INTO ... (see `sql::merge`), UPDATE ..., DELETE ...
 //! CREATE SINK name [WITH (...)] AS MERGE INTO ...
+//! CREATE|ALTER|DROP ROLE ..., GRANT ... TO ..., REVOKE ... FROM ... (see `sql::roles`)
 //! ```
 
 use std::time::Duration;
@@ -111,6 +112,28 @@ pub enum TidemarkStatement {
     Delete {
         table: String,
         predicate: Option<String>,
+    },
+    /// `CREATE ROLE` or `CREATE USER` (see `sql::roles`).
+    CreateRole {
+        name: String,
+        if_not_exists: bool,
+        options: super::roles::RoleOptions,
+    },
+    /// `ALTER ROLE name [WITH] option ...`.
+    AlterRole {
+        name: String,
+        options: super::roles::RoleOptions,
+    },
+    /// `DROP ROLE [IF EXISTS] name, ...`.
+    DropRole {
+        names: Vec<String>,
+        if_exists: bool,
+    },
+    /// `GRANT role, ... TO name, ...` or `REVOKE role, ... FROM name, ...`.
+    GrantRole {
+        roles: Vec<String>,
+        members: Vec<String>,
+        revoke: bool,
     },
 }
 
@@ -221,6 +244,9 @@ pub fn parse_tidemark(sql: &str) -> Result<TidemarkStatement> {
         .is_some_and(|w| w.eq_ignore_ascii_case("COPY"))
     {
         return super::copy::parse_copy_from(sql).map(TidemarkStatement::CopyFrom);
+    }
+    if let Some(role_statement) = super::roles::parse(sql) {
+        return role_statement;
     }
     let first = sql.split_whitespace().next().unwrap_or("");
     let changes_a_table = ["UPDATE", "DELETE", "MERGE"]

@@ -14,7 +14,7 @@ const LAYERS: &[&[&str]] = &[
     &["checkpoint", "sink", "source", "state"],
     &["format"],
     &["sql"],
-    &["clock", "config", "fsutil", "testing", "types"],
+    &["auth", "clock", "config", "fsutil", "testing", "types"],
     &["error"],
 ];
 

@@ -45,6 +45,21 @@ impl TestServer {
         env: &[(&str, &str)],
         uid: Option<u32>,
     ) -> TestServer {
+        Self::spawn(data_dir, port, env, uid, &[]).await
+    }
+
+    /// [`TestServer::start`] with more `tidemark serve` flags (`--auth`, `--tls-cert`).
+    pub async fn start_with(data_dir: &Path, env: &[(&str, &str)], args: &[&str]) -> TestServer {
+        Self::spawn(data_dir, 0, env, None, args).await
+    }
+
+    async fn spawn(
+        data_dir: &Path,
+        port: u16,
+        env: &[(&str, &str)],
+        uid: Option<u32>,
+        args: &[&str],
+    ) -> TestServer {
         std::fs::create_dir_all(data_dir).expect("create data dir");
         let log = data_dir.with_extension("log");
         let log_file = std::fs::OpenOptions::new()
@@ -53,11 +68,13 @@ impl TestServer {
             .open(&log)
             .expect("open server log");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
-        cmd.arg("serve")
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--data-dir")
+        cmd.arg("serve");
+        if !args.contains(&"--listen") {
+            cmd.arg("--listen").arg(format!("127.0.0.1:{port}"));
+        }
+        cmd.arg("--data-dir")
             .arg(data_dir)
+            .args(args)
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -12,6 +12,7 @@ mod ingest;
 mod oracle;
 mod property;
 mod run;
+mod security;
 mod slt;
 mod soak;
 mod wire;
