@@ -59,6 +59,7 @@ pub fn install(engine: &Engine, catalog: &str) -> crate::error::Result<()> {
         Arc::new(|_: &[ColumnarValue]| Ok(ColumnarValue::Scalar(ScalarValue::Utf8(None)))),
     ));
     ctx.register_udf(pg_size_pretty_udf());
+    ctx.register_udf(regtype_names_udf());
     for name in ["pg_table_size", "pg_indexes_size"] {
         // Sizes of what Postgres stores in its heap; Tidemark's tables are Delta tables
         // and views, which `pg_relation_size` (datafusion-postgres's) answers as 0 too.
@@ -344,7 +345,7 @@ pub fn size_pretty(bytes: i64) -> String {
 /// system catalogs that Tidemark reports as Postgres's (`pg_attribute.attrelid`). Kept
 /// current by every scan of `pg_class`.
 #[derive(Debug, Default)]
-struct Relations {
+pub(super) struct Relations {
     index: std::sync::RwLock<RelationIndex>,
 }
 
@@ -363,6 +364,14 @@ impl Relations {
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, RelationIndex> {
         self.index.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The oid of a relation of schema `public`.
+    pub(super) fn public_oid(&self, name: &str) -> Option<i32> {
+        self.read()
+            .by_name
+            .get(&("public".to_string(), name.to_string()))
+            .copied()
     }
 
     fn comment(&self, oid: i32) -> Option<String> {
@@ -700,6 +709,45 @@ impl SchemaProvider for PgCatalog {
                     _ => Arc::new(Patched(table(predefined.clone()))),
                 }))
             }
+            "pg_constraint" | "pg_index" => {
+                let (Some(inner), Some(class)) =
+                    (self.inner.table(name).await?, self.pg_class().await?)
+                else {
+                    return Ok(None);
+                };
+                let keys = super::constraints::Keys {
+                    engine: self.engine.clone(),
+                    public: self.public.clone(),
+                    class,
+                    relations: self.relations.clone(),
+                };
+                Ok(Some(if name.eq_ignore_ascii_case("pg_index") {
+                    Arc::new(Patched(Arc::new(super::constraints::PgIndex {
+                        inner,
+                        keys,
+                    })))
+                } else {
+                    Arc::new(Patched(Arc::new(super::constraints::PgConstraint {
+                        inner,
+                        keys,
+                    })))
+                }))
+            }
+            "pg_auth_members" => {
+                let (Some(inner), Some(predefined)) = (
+                    self.inner.table(name).await?,
+                    self.inner.table("pg_authid").await?,
+                ) else {
+                    return Ok(None);
+                };
+                Ok(Some(Arc::new(Patched(Arc::new(
+                    super::roles_catalog::PgAuthMembers {
+                        inner,
+                        predefined,
+                        engine: self.engine.clone(),
+                    },
+                )))))
+            }
             "pg_stat_activity" => Ok(Some(Arc::new(super::roles_catalog::pg_stat_activity()?))),
             _ => self.inner.table(name).await,
         }
@@ -711,6 +759,46 @@ impl SchemaProvider for PgCatalog {
                 .iter()
                 .any(|n| n.eq_ignore_ascii_case(name))
     }
+}
+
+/// `regtype_names(oids)`: the names of the types in a list of oids as `pg_proc` holds one
+/// (`"25 23"`, `"[25,23]"`, `"{25,23}"`), as Postgres shows `oids::regtype[]`; an oid of no
+/// known type is its number, as `regtype` prints it.
+fn regtype_names_udf() -> ScalarUDF {
+    use datafusion::arrow::array::{ListBuilder, StringBuilder};
+    create_udf(
+        "regtype_names",
+        vec![DataType::Utf8],
+        DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))),
+        Volatility::Immutable,
+        Arc::new(|args: &[ColumnarValue]| {
+            let arrays = ColumnarValue::values_to_arrays(args)?;
+            let text = datafusion::arrow::compute::cast(&arrays[0], &DataType::Utf8)?;
+            let text = text.as_string::<i32>();
+            let mut out = ListBuilder::new(StringBuilder::new());
+            for i in 0..text.len() {
+                if text.is_null(i) {
+                    out.append(false);
+                    continue;
+                }
+                for oid in text
+                    .value(i)
+                    .split(|c: char| !c.is_ascii_digit())
+                    .filter(|s| !s.is_empty())
+                {
+                    let name = oid
+                        .parse::<u32>()
+                        .ok()
+                        .and_then(Type::from_oid)
+                        .map(|t| super::information_schema::sql_type_name(&t))
+                        .unwrap_or_else(|| oid.to_string());
+                    out.values().append_value(name);
+                }
+                out.append(true);
+            }
+            Ok(ColumnarValue::Array(Arc::new(out.finish())))
+        }),
+    )
 }
 
 /// `pg_settings`: the settings `SHOW` answers ([`crate::config::PG_SETTINGS`]), with the
@@ -810,7 +898,7 @@ fn pg_matviews(views: &[(String, String)]) -> Result<MemTable> {
 /// datafusion-postgres's `pg_class` with relkind `m` for materialized views. Each scan
 /// also refreshes the relations' comments ([`Relations`]).
 #[derive(Debug)]
-struct PgClass {
+pub(super) struct PgClass {
     inner: Arc<dyn TableProvider>,
     namespaces: Arc<dyn TableProvider>,
     public: Arc<dyn SchemaProvider>,
@@ -822,7 +910,7 @@ impl PgClass {
     /// `pg_class`'s rows, patched, after refreshing [`Relations`]: a materialized view is
     /// relkind `m`, and a system catalog has Postgres's oid (the one `pg_type.typrelid`,
     /// `pg_constraint.conrelid` and `'pg_class'::regclass` give).
-    async fn batches(&self, state: &dyn Session) -> Result<Vec<RecordBatch>> {
+    pub(super) async fn batches(&self, state: &dyn Session) -> Result<Vec<RecordBatch>> {
         let schema = self.inner.schema();
         let batches = collect_all(&self.inner, state).await?;
         let views: Vec<String> = views(&self.public)

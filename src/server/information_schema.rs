@@ -646,8 +646,12 @@ impl PgColumnType {
     }
 }
 
-/// The name `information_schema` and `format_type` give a base type.
-fn sql_type_name(t: &Type) -> String {
+/// The name `information_schema` and `format_type` give a type (an array's is its
+/// element's with `[]`).
+pub(super) fn sql_type_name(t: &Type) -> String {
+    if let postgres_types::Kind::Array(element) = t.kind() {
+        return format!("{}[]", sql_type_name(element));
+    }
     match *t {
         Type::BOOL => "boolean",
         Type::INT2 => "smallint",

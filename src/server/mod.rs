@@ -46,6 +46,7 @@ use tokio::net::TcpListener;
 mod activity;
 mod catalog;
 mod conn;
+mod constraints;
 mod copy;
 mod information_schema;
 mod insert;

@@ -44,7 +44,8 @@ pub struct SessionFacts {
 /// - `'pg_class'::regclass` (and the other system catalogs) is the catalog's oid in
 ///   Postgres, the `classoid` of `pg_description`'s and `pg_depend`'s rows;
 /// - `x::regtype::text` is `format_type(x, NULL)`, the type's name (`integer`), as
-///   Postgres's `regtype` output is (pgcli's column types);
+///   Postgres's `regtype` output is (pgcli's column types), and `x::regtype[]` of a list of
+///   oids is `regtype_names(x)`, their names;
 /// - Grafana's search-path membership subquery (a function in `FROM` DataFusion cannot
 ///   plan, `string_to_array(...) s`) is `SELECT unnest(current_schemas(false))`, which
 ///   lists the same schemas;
@@ -68,6 +69,7 @@ pub fn rewrite_client_query(sql: &str, session: &SessionFacts) -> Option<String>
         "format",
         "pg_user",
         "pg_stat_activity",
+        "indkey",
     ]
     .iter()
     .any(|w| lower.contains(w));
@@ -109,6 +111,9 @@ pub fn rewrite_client_query(sql: &str, session: &SessionFacts) -> Option<String>
         *stmt = s.clone();
     }
     if catalog_subqueries && reads_catalog(stmt) {
+        let mut arrays = ArraySubqueries { changed: false };
+        let _ = stmt.visit(&mut arrays);
+        changed |= arrays.changed;
         let mut aggregate = AggregateCorrelatedSubqueries { changed: false };
         let _ = stmt.visit(&mut aggregate);
         changed |= aggregate.changed;
@@ -396,6 +401,131 @@ impl VisitorMut for AggregateCorrelatedSubqueries {
     }
 }
 
+/// `ARRAY(SELECT x FROM ... WHERE <correlated by equalities>)` in a catalog query (psql's
+/// `\du`) as `((SELECT array_agg(x) FROM ... WHERE ...))`, which DataFusion decorrelates
+/// into a join (an empty result is NULL there, `{}` in Postgres). An `ARRAY` over a set
+/// function of an outer column (`unnest(tc.reloptions)` in psql's `\d+`), which DataFusion
+/// cannot plan, is a NULL text array: Tidemark's relations have no options, and
+/// `pg_class.reloptions` (which datafusion-postgres's `pg_class` lacks) is NULL too.
+struct ArraySubqueries {
+    changed: bool,
+}
+
+impl VisitorMut for ArraySubqueries {
+    type Break = ();
+
+    fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
+        use datafusion::sql::sqlparser::ast::FunctionArguments;
+        if let Expr::CompoundIdentifier(parts) = expr
+            && parts
+                .last()
+                .is_some_and(|p| p.value.eq_ignore_ascii_case("reloptions"))
+            && let Ok(null) = Parser::new(&PostgreSqlDialect {})
+                .try_with_sql("CAST(NULL AS TEXT[])")
+                .and_then(|mut p| p.parse_expr())
+        {
+            *expr = null;
+            self.changed = true;
+            return ControlFlow::Continue(());
+        }
+        let Expr::Function(f) = expr else {
+            return ControlFlow::Continue(());
+        };
+        let FunctionArguments::Subquery(query) = &f.args else {
+            return ControlFlow::Continue(());
+        };
+        if function_name(f) != "array" {
+            return ControlFlow::Continue(());
+        }
+        let SetExpr::Select(select) = query.body.as_ref() else {
+            return ControlFlow::Continue(());
+        };
+        let over_a_function = select.from.iter().any(|t| {
+            matches!(
+                t.relation,
+                TableFactor::Table { args: Some(_), .. }
+                    | TableFactor::Function { .. }
+                    | TableFactor::UNNEST { .. }
+            )
+        });
+        let replacement = if over_a_function {
+            "CAST(NULL AS TEXT[])".to_string()
+        } else {
+            let [item] = select.projection.as_slice() else {
+                return ControlFlow::Continue(());
+            };
+            let (SelectItem::UnnamedExpr(value) | SelectItem::ExprWithAlias { expr: value, .. }) =
+                item
+            else {
+                return ControlFlow::Continue(());
+            };
+            if !is_correlated(query) || !correlated_by_equalities(query) || query.order_by.is_some()
+            {
+                return ControlFlow::Continue(());
+            }
+            let mut aggregated = query.as_ref().clone();
+            if let SetExpr::Select(s) = aggregated.body.as_mut() {
+                s.projection = vec![SelectItem::UnnamedExpr(Expr::Identifier(
+                    datafusion::sql::sqlparser::ast::Ident::new("__array_item"),
+                ))];
+            }
+            let text =
+                aggregated
+                    .to_string()
+                    .replacen("__array_item", &format!("array_agg({value})"), 1);
+            format!("(({text}))")
+        };
+        if let Ok(parsed) = Parser::new(&PostgreSqlDialect {})
+            .try_with_sql(&replacement)
+            .and_then(|mut p| p.parse_expr())
+        {
+            *expr = parsed;
+            self.changed = true;
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+/// `unnest(x.indkey)` as `unnest(CAST(string_to_array(x.indkey, ' ') AS SMALLINT[]))`, and
+/// `generate_subscripts(x.indkey, 1)` as the positions alongside it: `pg_index`'s
+/// `int2vector` and `oidvector` columns (`indkey`, `indoption`, `indclass`,
+/// `indcollation`) are kept by datafusion-postgres as their text (`1 2`).
+fn indkey_call(f: &datafusion::sql::sqlparser::ast::Function) -> Option<Expr> {
+    use datafusion::sql::sqlparser::ast::{FunctionArg, FunctionArgExpr, FunctionArguments};
+    let FunctionArguments::List(list) = &f.args else {
+        return None;
+    };
+    let Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(column))) = list.args.first() else {
+        return None;
+    };
+    let name = match column {
+        Expr::Identifier(i) => i.value.to_ascii_lowercase(),
+        Expr::CompoundIdentifier(parts) => parts.last()?.value.to_ascii_lowercase(),
+        _ => return None,
+    };
+    // int2vector and oidvector columns, and their elements' type.
+    let element = match name.as_str() {
+        "indkey" | "indoption" => "SMALLINT",
+        "indclass" | "indcollation" => "INT",
+        _ => return None,
+    };
+    let array = format!("string_to_array({column}, ' ')");
+    let call = if function_name(f) == "unnest" {
+        format!("unnest(CAST({array} AS {element}[]))")
+    } else {
+        // The dimension stays (a client's parameter, `$1`, must keep its place).
+        let dimension = match list.args.get(1) {
+            Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(d))) => d.to_string(),
+            _ => "1".to_string(),
+        };
+        format!("unnest(range(1, CAST(array_length({array}, {dimension}) AS BIGINT) + 1))")
+    };
+    Parser::new(&PostgreSqlDialect {})
+        .try_with_sql(&call)
+        .and_then(|mut p| p.parse_expr())
+        .ok()
+}
+
 /// pgjdbc's `DatabaseMetaData.getPrimaryKeys` query (`(information_schema._pg_expandarray(
 /// i.indkey)).n` over `pg_index`: a composite field of a set-returning function, which
 /// DataFusion cannot plan), as the same question put to `key_column_usage`: the schema
@@ -609,13 +739,16 @@ impl VisitorMut for SessionRewrite<'_> {
                 data_type,
                 ..
             } if type_name_is(data_type, &["regclass"]) => match inner.as_ref() {
-                Expr::Value(v) => match &v.value {
+                Expr::Value(v) if !matches!(v.value, Value::Placeholder(_)) => match &v.value {
                     Value::SingleQuotedString(name) => system_catalog_oid(name).map(number),
                     _ => None,
                 },
-                // Text computed per row (Metabase's `format('%I.%I', ...)::regclass`),
-                // which datafusion-postgres would cast as an integer.
-                e if is_text_expression(e) => {
+                // Text computed per row (Metabase's `format('%I.%I', ...)::regclass`), or
+                // sent as a parameter (SQLAlchemy's `CAST(%(param)s AS REGCLASS)`), which
+                // datafusion-postgres would cast as an integer.
+                e if is_text_expression(e)
+                    || matches!(e, Expr::Value(v) if matches!(v.value, Value::Placeholder(_))) =>
+                {
                     Some(Expr::Function(datafusion::sql::sqlparser::ast::Function {
                         name: datafusion::sql::sqlparser::ast::ObjectName::from(vec![
                             datafusion::sql::sqlparser::ast::Ident::new("to_regclass"),
@@ -660,7 +793,22 @@ impl VisitorMut for SessionRewrite<'_> {
                     _ => None,
                 }
             }
+            // An oid list as type names (pgcli's function signatures).
+            Expr::Cast {
+                expr: inner,
+                data_type,
+                ..
+            } if type_name_is(data_type, &["regtype[]"]) => Parser::new(&PostgreSqlDialect {})
+                .try_with_sql(&format!("regtype_names({inner})"))
+                .and_then(|mut p| p.parse_expr())
+                .ok(),
             Expr::Function(f) if function_name(f) == "format" => format_call(f),
+            // `pg_index.indkey` (an int2vector, text here) as the array SQLAlchemy unnests.
+            Expr::Function(f)
+                if matches!(function_name(f).as_str(), "unnest" | "generate_subscripts") =>
+            {
+                indkey_call(f)
+            }
             Expr::BinaryOp {
                 left,
                 op: op @ (BinaryOperator::Eq | BinaryOperator::NotEq),
@@ -1179,6 +1327,36 @@ mod tests {
         assert_eq!(
             rewrite("SELECT (s || '.' || t)::regclass AS r FROM x").as_deref(),
             Some("SELECT to_regclass((s || '.' || t)) AS r FROM x")
+        );
+    }
+
+    #[test]
+    fn array_subqueries_of_the_catalog_plan() {
+        // psql's \du: the roles a role is a member of.
+        assert_eq!(
+            rewrite("SELECT r.rolname, ARRAY(SELECT b.rolname FROM pg_catalog.pg_auth_members m JOIN pg_catalog.pg_roles b ON (m.roleid = b.oid) WHERE m.member = r.oid) as memberof FROM pg_catalog.pg_roles r").as_deref(),
+            Some("SELECT r.rolname, ((SELECT array_agg(b.rolname) AS \"rolname\" FROM pg_catalog.pg_auth_members m JOIN pg_catalog.pg_roles b ON (m.roleid = b.oid) WHERE m.member = r.oid)) AS memberof FROM pg_catalog.pg_roles r")
+        );
+        // psql's \d+: a table's options (Tidemark's have none).
+        assert_eq!(
+            rewrite("SELECT array_to_string(c.reloptions || array(select 'toast.' || x from pg_catalog.unnest(tc.reloptions) x), ', ') FROM pg_catalog.pg_class c LEFT JOIN pg_catalog.pg_class tc ON (c.reltoastrelid = tc.oid)").as_deref(),
+            Some("SELECT array_to_string(CAST(NULL AS TEXT[]) || CAST(NULL AS TEXT[]), ', ') AS \"array_to_string\" FROM pg_catalog.pg_class c LEFT JOIN pg_catalog.pg_class tc ON (c.reltoastrelid = tc.oid)")
+        );
+    }
+
+    #[test]
+    fn psqls_describe_plus_query_plans() {
+        let sql = "SELECT c.relchecks, c.relkind, c.relhasindex, c.relhasrules, c.relhastriggers, c.relrowsecurity, c.relforcerowsecurity, false AS relhasoids, c.relispartition, pg_catalog.array_to_string(c.reloptions || array(select 'toast.' || x from pg_catalog.unnest(tc.reloptions) x), ', ')\n, c.reltablespace, CASE WHEN c.reloftype = 0 THEN '' ELSE c.reloftype::pg_catalog.regtype::pg_catalog.text END, c.relpersistence, c.relreplident, am.amname\nFROM pg_catalog.pg_class c\n LEFT JOIN pg_catalog.pg_class tc ON (c.reltoastrelid = tc.oid)\nLEFT JOIN pg_catalog.pg_am am ON (c.relam = am.oid)\nWHERE c.oid = '16386';";
+        let out = rewrite(sql).unwrap_or_default();
+        assert!(!out.to_lowercase().contains("array(select"), "{out}");
+        assert!(!out.contains("reloptions"), "{out}");
+    }
+
+    #[test]
+    fn an_oid_list_as_regtype_array_is_its_names() {
+        assert_eq!(
+            rewrite("SELECT COALESCE(proallargtypes::regtype[], proargtypes::regtype[])::text[] FROM pg_proc").as_deref(),
+            Some("SELECT COALESCE(regtype_names(proallargtypes), regtype_names(proargtypes))::TEXT[] AS \"coalesce\" FROM pg_proc")
         );
     }
 

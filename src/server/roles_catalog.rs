@@ -345,3 +345,66 @@ mod tests {
         assert!(role_oid("ann") > 16384);
     }
 }
+
+/// `pg_auth_members`: datafusion-postgres's rows, and one per predefined role granted to a
+/// role (`GRANT pg_read_all_data TO name`), so psql's `\du` shows "Member of".
+#[derive(Debug)]
+pub struct PgAuthMembers {
+    pub inner: Arc<dyn TableProvider>,
+    pub predefined: Arc<dyn TableProvider>,
+    pub engine: Weak<Engine>,
+}
+
+#[async_trait]
+impl Patch for PgAuthMembers {
+    fn inner(&self) -> &Arc<dyn TableProvider> {
+        &self.inner
+    }
+
+    async fn batches(&self, state: &dyn Session) -> Result<Vec<RecordBatch>> {
+        let roles = PgRoles {
+            inner: self.predefined.clone(),
+            predefined: self.predefined.clone(),
+            engine: self.engine.clone(),
+            show_password: false,
+        };
+        let oids: std::collections::HashMap<String, i32> = roles
+            .rows(state)
+            .await?
+            .into_iter()
+            .map(|r| (r.name, r.oid))
+            .collect();
+        let mut grants = Vec::new();
+        for role in self.engine.upgrade().map(|e| e.roles()).unwrap_or_default() {
+            for granted in &role.member_of {
+                if let Some(&oid) = oids.get(granted) {
+                    grants.push((oid, role_oid(&role.name)));
+                }
+            }
+        }
+        let schema = self.inner.schema();
+        let mut batches = collect_all(&self.inner, state).await?;
+        let n = grants.len();
+        let mut columns = Vec::with_capacity(schema.fields().len());
+        for field in schema.fields() {
+            let column: ArrayRef = match field.name().as_str() {
+                "oid" => Arc::new(Int32Array::from_iter_values(
+                    grants.iter().map(|(g, m)| oid_of_name(&format!("{g}:{m}"))),
+                )),
+                "roleid" => Arc::new(Int32Array::from_iter_values(grants.iter().map(|g| g.0))),
+                "member" => Arc::new(Int32Array::from_iter_values(grants.iter().map(|g| g.1))),
+                "grantor" => Arc::new(Int32Array::from_iter_values(grants.iter().map(|_| 10))),
+                "admin_option" => Arc::new(BooleanArray::from(vec![false; n])),
+                "inherit_option" | "set_option" => Arc::new(BooleanArray::from(vec![true; n])),
+                _ => new_null_array(field.data_type(), n),
+            };
+            columns.push(if column.data_type() == field.data_type() {
+                column
+            } else {
+                cast(&column, field.data_type())?
+            });
+        }
+        batches.push(RecordBatch::try_new(schema.clone(), columns)?);
+        Ok(batches)
+    }
+}

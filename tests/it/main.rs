@@ -2,6 +2,7 @@
 
 mod architecture;
 mod catalog;
+mod clients;
 mod crash;
 mod delta;
 mod errors;

@@ -2,7 +2,9 @@
 lookup, savepoints), its inspector finds the materialized view `page_views` made by
 tests/it/wire.rs apart from the tables, reflects the columns of the view and of the
 stream `clicks` (names, types, nullability, no defaults: checked against the server's own
-`information_schema.columns` and `pg_attribute`), and the view reads as a table.
+`information_schema.columns` and `pg_attribute`), and the view reads as a table. A table
+it makes, with a two-column primary key, reflects with that key (as Postgres answers:
+`<table>_pkey`, columns in key order, no other index or unique constraint).
 
 Usage: python3 sqlalchemy_check.py PORT   (run by tests/it/wire.rs)
 """
@@ -43,4 +45,13 @@ with engine.connect() as conn:
         assert all(g[3] is None for g in got), got
         assert [g[1] for g in got] == declared[table], got
         print(table, got)
+with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+    conn.execute(text("CREATE TABLE sa_keys (a BIGINT, b TEXT, c INT, PRIMARY KEY (c, a))"))
+insp = inspect(engine)
+pk = insp.get_pk_constraint("sa_keys")
+assert (pk["name"], pk["constrained_columns"]) == ("sa_keys_pkey", ["c", "a"]), pk
+assert insp.get_pk_constraint("clicks")["constrained_columns"] == [], "a stream has no key"
+assert insp.get_indexes("sa_keys") == [], insp.get_indexes("sa_keys")
+assert insp.get_unique_constraints("sa_keys") == []
+assert insp.get_foreign_keys("sa_keys") == []
 print("sqlalchemy ok")

@@ -143,6 +143,16 @@ async fn extended_protocol_types_errors_and_psql() {
             "\\dt+",
             "-c",
             "\\df",
+            "-c",
+            "\\d+ clicks",
+            "-c",
+            "\\du",
+            "-c",
+            "\\dn",
+            "-c",
+            "\\x",
+            "-c",
+            "SELECT 6 * 7 AS answer",
         ])
         .output()
     {
@@ -185,6 +195,24 @@ async fn extended_protocol_types_errors_and_psql() {
         assert!(
             stdout.contains("List of functions"),
             "\\df output:\n{stdout}"
+        );
+        // \d+ of a stream: its columns with storage; \du: the roles; \dn: the schemas;
+        // \x: one row as a record.
+        assert!(
+            stdout.contains("Table \"public.clicks\"") && stdout.contains("| Storage "),
+            "\\d+ clicks output:\n{stdout}"
+        );
+        assert!(
+            stdout.contains("List of roles") && stdout.contains(" anyone "),
+            "\\du output:\n{stdout}"
+        );
+        assert!(
+            stdout.contains("List of schemas") && stdout.contains(" public "),
+            "\\dn output:\n{stdout}"
+        );
+        assert!(
+            stdout.contains("-[ RECORD 1 ]") && stdout.contains("answer | 42"),
+            "\\x output:\n{stdout}"
         );
     } else {
         assert!(
