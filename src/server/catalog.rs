@@ -761,6 +761,29 @@ impl SchemaProvider for PgCatalog {
     }
 }
 
+/// A batch of `n` rows in `schema`'s columns, each from `column(name)` when it answers
+/// (cast to the column's type), otherwise NULL (or, where the column allows none, the
+/// type's zero: `''`, 0, false).
+pub(super) fn batch_by_name(
+    schema: &SchemaRef,
+    n: usize,
+    column: impl Fn(&str) -> Option<ArrayRef>,
+) -> Result<RecordBatch> {
+    let mut columns = Vec::with_capacity(schema.fields().len());
+    for field in schema.fields() {
+        let array = match column(field.name()) {
+            Some(a) if a.data_type() == field.data_type() => a,
+            Some(a) => datafusion::arrow::compute::cast(&a, field.data_type())?,
+            None if !field.is_nullable() => {
+                ScalarValue::new_default(field.data_type())?.to_array_of_size(n)?
+            }
+            None => datafusion::arrow::array::new_null_array(field.data_type(), n),
+        };
+        columns.push(array);
+    }
+    Ok(RecordBatch::try_new(schema.clone(), columns)?)
+}
+
 /// `regtype_names(oids)`: the names of the types in a list of oids as `pg_proc` holds one
 /// (`"25 23"`, `"[25,23]"`, `"{25,23}"`), as Postgres shows `oids::regtype[]`; an oid of no
 /// known type is its number, as `regtype` prints it.

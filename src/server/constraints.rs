@@ -10,15 +10,12 @@ use std::sync::{Arc, Weak};
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{
-    Array, ArrayRef, BooleanArray, Int16Array, Int32Array, RecordBatch, StringArray, new_null_array,
+    ArrayRef, BooleanArray, Int16Array, Int32Array, RecordBatch, StringArray,
 };
-use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::{SchemaProvider, Session, TableProvider};
 use datafusion::error::Result;
-use datafusion::scalar::ScalarValue;
 
-use super::catalog::{Patch, PgClass, Relations, collect_all, oid_of_name};
+use super::catalog::{Patch, PgClass, Relations, batch_by_name, collect_all, oid_of_name};
 use crate::engine::Engine;
 
 /// The oid of schema `public`, as in Postgres.
@@ -104,29 +101,6 @@ impl Keys {
         }
         Ok(keys)
     }
-}
-
-/// A batch of `n` rows in `schema`'s columns, each from `column(name)` when it answers
-/// (cast to the column's type), otherwise NULL (or, where the column allows none, the
-/// type's zero: `''`, 0, false).
-fn batch_by_name(
-    schema: &SchemaRef,
-    n: usize,
-    column: impl Fn(&str) -> Option<ArrayRef>,
-) -> Result<RecordBatch> {
-    let mut columns = Vec::with_capacity(schema.fields().len());
-    for field in schema.fields() {
-        let array = match column(field.name()) {
-            Some(a) if a.data_type() == field.data_type() => a,
-            Some(a) => cast(&a, field.data_type())?,
-            None if !field.is_nullable() => {
-                ScalarValue::new_default(field.data_type())?.to_array_of_size(n)?
-            }
-            None => new_null_array(field.data_type(), n),
-        };
-        columns.push(array);
-    }
-    Ok(RecordBatch::try_new(schema.clone(), columns)?)
 }
 
 /// `pg_constraint` with a `p` row per table key.

@@ -12,7 +12,7 @@ use std::sync::{Arc, Weak};
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, Int32Array, Int64Array, RecordBatch, StringArray,
+    ArrayRef, AsArray, BooleanArray, Int32Array, Int64Array, RecordBatch, StringArray,
     TimestampMicrosecondArray, new_null_array,
 };
 use datafusion::arrow::compute::cast;
@@ -24,7 +24,7 @@ use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::ExecutionPlan;
 
 use super::activity;
-use super::catalog::{Patch, collect_all, database_oid, oid_of_name};
+use super::catalog::{Patch, batch_by_name, collect_all, database_oid, oid_of_name};
 use crate::engine::Engine;
 
 /// One row of `pg_roles`.
@@ -126,9 +126,8 @@ fn role_batch(schema: &SchemaRef, rows: &[RoleRow], password: Option<&str>) -> R
     let flags = |f: &dyn Fn(&RoleRow) -> bool| -> ArrayRef {
         Arc::new(BooleanArray::from_iter(rows.iter().map(|r| Some(f(r)))))
     };
-    let mut columns = Vec::with_capacity(schema.fields().len());
-    for field in schema.fields() {
-        let column: ArrayRef = match field.name().as_str() {
+    batch_by_name(schema, rows.len(), |name| {
+        Some(match name {
             "oid" | "usesysid" => {
                 Arc::new(Int32Array::from_iter_values(rows.iter().map(|r| r.oid)))
             }
@@ -145,15 +144,9 @@ fn role_batch(schema: &SchemaRef, rows: &[RoleRow], password: Option<&str>) -> R
             "rolpassword" | "passwd" => Arc::new(StringArray::from_iter(
                 rows.iter().map(|r| password.filter(|_| r.login)),
             )),
-            _ => new_null_array(field.data_type(), rows.len()),
-        };
-        columns.push(if column.data_type() == field.data_type() {
-            column
-        } else {
-            cast(&column, field.data_type())?
-        });
-    }
-    Ok(RecordBatch::try_new(schema.clone(), columns)?)
+            _ => return None,
+        })
+    })
 }
 
 /// `pg_user`: the roles that may log in, in Postgres's view's columns.
@@ -313,6 +306,7 @@ pub fn pg_stat_activity() -> Result<MemTable> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use datafusion::arrow::array::Array;
 
     #[test]
     fn role_rows_fill_each_catalogs_columns_by_name() {
@@ -382,29 +376,21 @@ impl Patch for PgAuthMembers {
                 }
             }
         }
-        let schema = self.inner.schema();
         let mut batches = collect_all(&self.inner, state).await?;
         let n = grants.len();
-        let mut columns = Vec::with_capacity(schema.fields().len());
-        for field in schema.fields() {
-            let column: ArrayRef = match field.name().as_str() {
+        batches.push(batch_by_name(&self.inner.schema(), n, |name| {
+            Some(match name {
                 "oid" => Arc::new(Int32Array::from_iter_values(
                     grants.iter().map(|(g, m)| oid_of_name(&format!("{g}:{m}"))),
-                )),
+                )) as ArrayRef,
                 "roleid" => Arc::new(Int32Array::from_iter_values(grants.iter().map(|g| g.0))),
                 "member" => Arc::new(Int32Array::from_iter_values(grants.iter().map(|g| g.1))),
                 "grantor" => Arc::new(Int32Array::from_iter_values(grants.iter().map(|_| 10))),
                 "admin_option" => Arc::new(BooleanArray::from(vec![false; n])),
                 "inherit_option" | "set_option" => Arc::new(BooleanArray::from(vec![true; n])),
-                _ => new_null_array(field.data_type(), n),
-            };
-            columns.push(if column.data_type() == field.data_type() {
-                column
-            } else {
-                cast(&column, field.data_type())?
-            });
-        }
-        batches.push(RecordBatch::try_new(schema.clone(), columns)?);
+                _ => return None,
+            })
+        })?);
         Ok(batches)
     }
 }
