@@ -49,6 +49,7 @@ pub fn install(engine: &Engine, catalog: &str) -> crate::error::Result<()> {
         }),
     )?;
     ctx.register_udf(obj_description_udf(relations.clone()));
+    ctx.register_udf(pg_table_is_visible_udf(relations.clone()));
     ctx.register_udf(to_regclass_udf(relations));
     ctx.register_udf(create_udf(
         "col_description",
@@ -366,6 +367,16 @@ impl Relations {
         self.index.read().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The oids of relations in schemas off the search path (not `pg_catalog`, `public`).
+    fn off_search_path(&self) -> std::collections::HashSet<i32> {
+        self.read()
+            .by_name
+            .iter()
+            .filter(|((schema, _), _)| schema != "pg_catalog" && schema != "public")
+            .map(|(_, oid)| *oid)
+            .collect()
+    }
+
     /// The oid of a relation of schema `public`.
     pub(super) fn public_oid(&self, name: &str) -> Option<i32> {
         self.read()
@@ -478,6 +489,37 @@ fn to_regclass_udf(relations: Arc<Relations>) -> ScalarUDF {
 
 /// `obj_description(oid [, catalog])`: a relation's comment ([`Relations`]); NULL for
 /// every other object.
+/// `pg_table_is_visible(oid)`: whether the relation's schema is on the search path
+/// (`pg_catalog`, `public`), as Postgres answers it; `tidemark.*` and
+/// `information_schema.*` are not (psql's `\dt`, SQLAlchemy's `reflect()`). An oid of no
+/// relation is visible, as datafusion-postgres answered.
+fn pg_table_is_visible_udf(relations: Arc<Relations>) -> ScalarUDF {
+    create_udf(
+        "pg_table_is_visible",
+        vec![DataType::Int64],
+        DataType::Boolean,
+        Volatility::Stable,
+        Arc::new(move |args: &[ColumnarValue]| {
+            let arrays = ColumnarValue::values_to_arrays(args)?;
+            let oids = datafusion::arrow::compute::cast(&arrays[0], &DataType::Int64)?;
+            let hidden = relations.off_search_path();
+            let visible: BooleanArray = oids
+                .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+                .iter()
+                .map(|o| o.map(|o| i32::try_from(o).map_or(true, |o| !hidden.contains(&o))))
+                .collect();
+            let visible: ArrayRef = Arc::new(visible);
+            Ok(
+                if args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_))) {
+                    ColumnarValue::Scalar(ScalarValue::try_from_array(&visible, 0)?)
+                } else {
+                    ColumnarValue::Array(visible)
+                },
+            )
+        }),
+    )
+}
+
 fn obj_description_udf(relations: Arc<Relations>) -> ScalarUDF {
     ScalarUDF::new_from_impl(ObjDescription {
         relations,

@@ -54,4 +54,11 @@ assert insp.get_pk_constraint("clicks")["constrained_columns"] == [], "a stream 
 assert insp.get_indexes("sa_keys") == [], insp.get_indexes("sa_keys")
 assert insp.get_unique_constraints("sa_keys") == []
 assert insp.get_foreign_keys("sa_keys") == []
+# reflect() takes the tables on the search path: not `tidemark.options`.
+from sqlalchemy import MetaData
+
+reflected = MetaData()
+reflected.reflect(engine)
+assert "sa_keys" in reflected.tables and "options" not in reflected.tables, sorted(reflected.tables)
+assert reflected.tables["sa_keys"].primary_key.columns.keys() == ["c", "a"]
 print("sqlalchemy ok")
