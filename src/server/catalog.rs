@@ -752,9 +752,11 @@ impl SchemaProvider for PgCatalog {
                 }))
             }
             "pg_constraint" | "pg_index" => {
-                let (Some(inner), Some(class)) =
-                    (self.inner.table(name).await?, self.pg_class().await?)
-                else {
+                let (Some(inner), Some(class), Some(namespaces)) = (
+                    self.inner.table(name).await?,
+                    self.pg_class().await?,
+                    self.inner.table("pg_namespace").await?,
+                ) else {
                     return Ok(None);
                 };
                 let keys = super::constraints::Keys {
@@ -762,6 +764,7 @@ impl SchemaProvider for PgCatalog {
                     public: self.public.clone(),
                     class,
                     relations: self.relations.clone(),
+                    namespaces,
                 };
                 Ok(Some(if name.eq_ignore_ascii_case("pg_index") {
                     Arc::new(Patched(Arc::new(super::constraints::PgIndex {

@@ -4,7 +4,10 @@
 //! `get_pk_constraint` and DBeaver read them there.
 //!
 //! Tidemark's key is informational, as Delta's is (NOT NULL, not unique), so the index is
-//! not `indisunique`. The rows are datafusion-postgres's, plus one per table key.
+//! not `indisunique`. The rows are datafusion-postgres's, plus one per table key; the
+//! constraint's schema is the oid `pg_namespace` gives `public`. The index has no
+//! `pg_class` row of its own (yet): a join of `pg_index` to `pg_class` on `indexrelid`
+//! finds nothing (DBeaver's index list).
 
 use std::sync::{Arc, Weak};
 
@@ -12,14 +15,12 @@ use async_trait::async_trait;
 use datafusion::arrow::array::{
     ArrayRef, BooleanArray, Int16Array, Int32Array, RecordBatch, StringArray,
 };
+use datafusion::arrow::datatypes::DataType;
 use datafusion::catalog::{SchemaProvider, Session, TableProvider};
 use datafusion::error::Result;
 
 use super::catalog::{Patch, PgClass, Relations, batch_by_name, collect_all, oid_of_name};
 use crate::engine::Engine;
-
-/// The oid of schema `public`, as in Postgres.
-const PUBLIC_NAMESPACE_OID: i32 = 2200;
 
 /// One table's primary key.
 #[derive(Debug, Clone, PartialEq)]
@@ -60,9 +61,32 @@ pub struct Keys {
     pub public: Arc<dyn SchemaProvider>,
     pub class: Arc<PgClass>,
     pub relations: Arc<Relations>,
+    /// `pg_namespace`, for the oid of `public` (`connamespace`).
+    pub namespaces: Arc<dyn TableProvider>,
 }
 
 impl Keys {
+    /// The oid `pg_namespace` gives schema `public`.
+    async fn public_namespace(&self, state: &dyn Session) -> Result<Option<i32>> {
+        use datafusion::arrow::array::AsArray;
+        let schema = self.namespaces.schema();
+        let (Ok(oid), Ok(name)) = (schema.index_of("oid"), schema.index_of("nspname")) else {
+            return Ok(None);
+        };
+        for batch in collect_all(&self.namespaces, state).await? {
+            let oids = datafusion::arrow::compute::cast(batch.column(oid), &DataType::Int32)?;
+            let names = datafusion::arrow::compute::cast(batch.column(name), &DataType::Utf8)?;
+            let (oids, names) = (
+                oids.as_primitive::<datafusion::arrow::datatypes::Int32Type>(),
+                names.as_string::<i32>(),
+            );
+            if let Some(i) = (0..batch.num_rows()).find(|&i| names.value(i) == "public") {
+                return Ok(Some(oids.value(i)));
+            }
+        }
+        Ok(None)
+    }
+
     async fn primary_keys(&self, state: &dyn Session) -> Result<Vec<PrimaryKey>> {
         // A pg_class scan refreshes the relations' oids.
         self.class.batches(state).await?;
@@ -118,6 +142,7 @@ impl Patch for PgConstraint {
 
     async fn batches(&self, state: &dyn Session) -> Result<Vec<RecordBatch>> {
         let keys = self.keys.primary_keys(state).await?;
+        let public = self.keys.public_namespace(state).await?;
         let mut batches = collect_all(&self.inner, state).await?;
         let n = keys.len();
         let int = |f: &dyn Fn(&PrimaryKey) -> i32| -> ArrayRef {
@@ -131,7 +156,7 @@ impl Patch for PgConstraint {
             Some(match name {
                 "oid" => int(&|k| k.constraint_oid()),
                 "conname" => text(&|k| k.name.clone()),
-                "connamespace" => int(&|_| PUBLIC_NAMESPACE_OID),
+                "connamespace" => Arc::new(Int32Array::from(vec![public; n])),
                 "contype" => text(&|_| "p".into()),
                 "condeferrable" | "condeferred" | "connoinherit" => flag(false),
                 "convalidated" | "conislocal" => flag(true),

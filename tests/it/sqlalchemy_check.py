@@ -54,6 +54,15 @@ assert insp.get_pk_constraint("clicks")["constrained_columns"] == [], "a stream 
 assert insp.get_indexes("sa_keys") == [], insp.get_indexes("sa_keys")
 assert insp.get_unique_constraints("sa_keys") == []
 assert insp.get_foreign_keys("sa_keys") == []
+# The key's rows join the other catalogs as in Postgres: its schema, its table, its index.
+with engine.connect() as conn:
+    joined = conn.execute(text(
+        "SELECT n.nspname, t.relname, i.indkey FROM pg_catalog.pg_constraint c "
+        "JOIN pg_catalog.pg_namespace n ON n.oid = c.connamespace "
+        "JOIN pg_catalog.pg_class t ON t.oid = c.conrelid "
+        "JOIN pg_catalog.pg_index i ON i.indexrelid = c.conindid "
+        "WHERE c.conname = 'sa_keys_pkey'")).all()
+    assert [tuple(r) for r in joined] == [("public", "sa_keys", "3 1")], joined
 # reflect() takes the tables on the search path: not `tidemark.options`.
 from sqlalchemy import MetaData
 
