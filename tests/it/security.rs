@@ -564,8 +564,9 @@ async fn connection_limit_and_idle_session_timeout() {
     .await
     .unwrap();
     let ended = tokio::spawn(connection);
-    client.batch_execute("SELECT 1").await.unwrap();
+    // Taken before the statement: the server's idle clock starts after its answer.
     let started = Instant::now();
+    client.batch_execute("SELECT 1").await.unwrap();
     let ended = tokio::time::timeout(DEADLINE, ended)
         .await
         .expect("the idle session was not closed")
