@@ -50,7 +50,7 @@ pub fn install(engine: &Engine, catalog: &str) -> crate::error::Result<()> {
     )?;
     ctx.register_udf(obj_description_udf(relations.clone()));
     ctx.register_udf(pg_table_is_visible_udf(relations.clone()));
-    ctx.register_udf(to_regclass_udf(relations));
+    ctx.register_udf(to_regclass_udf(relations.clone()));
     ctx.register_udf(create_udf(
         "col_description",
         vec![DataType::Int64, DataType::Int64],
@@ -59,6 +59,9 @@ pub fn install(engine: &Engine, catalog: &str) -> crate::error::Result<()> {
         // No column has a comment (there is no COMMENT ON yet).
         Arc::new(|_: &[ColumnarValue]| Ok(ColumnarValue::Scalar(ScalarValue::Utf8(None)))),
     ));
+    for udf in super::activity::signal_udfs(engine.handle()) {
+        ctx.register_udf(udf);
+    }
     ctx.register_udf(pg_size_pretty_udf());
     ctx.register_udf(regtype_names_udf());
     for name in ["pg_table_size", "pg_indexes_size"] {
@@ -72,23 +75,21 @@ pub fn install(engine: &Engine, catalog: &str) -> crate::error::Result<()> {
             Arc::new(|_: &[ColumnarValue]| Ok(ColumnarValue::Scalar(ScalarValue::Int64(Some(0))))),
         ));
     }
+    for udf in super::constraints::definition_udfs(relations.clone()) {
+        ctx.register_udf(udf);
+    }
     for (name, args) in [
-        ("pg_get_indexdef", 1),
-        ("pg_get_indexdef", 3),
         ("pg_get_viewdef", 1),
         ("pg_get_viewdef", 2),
         ("pg_get_function_result", 1),
         ("pg_get_function_arguments", 1),
     ] {
-        // No relation has an index; a view's definition is in pg_views / pg_matviews.
+        // A view's definition is in pg_views / pg_matviews.
         // Functions' signatures: NULL (psql's `\df` lists user functions; there are none).
         let mut types = vec![DataType::Int64];
         types.extend(std::iter::repeat_n(DataType::Int64, args - 1));
         if name == "pg_get_viewdef" && args == 2 {
             types[1] = DataType::Boolean;
-        }
-        if name == "pg_get_indexdef" && args == 3 {
-            types[2] = DataType::Boolean;
         }
         ctx.register_udf(create_udf(
             name,
@@ -111,6 +112,9 @@ pub fn install(engine: &Engine, catalog: &str) -> crate::error::Result<()> {
         ));
     }
     ctx.register_udf(to_regtype_udf());
+    for udf in expression_udfs() {
+        ctx.register_udf(udf);
+    }
     ctx.register_udf(ScalarUDF::new_from_impl(JsonBuildObject::new()));
     ctx.register_udf(create_udf(
         "pg_get_serial_sequence",
@@ -127,6 +131,64 @@ pub fn install(engine: &Engine, catalog: &str) -> crate::error::Result<()> {
         Arc::new(|_: &[ColumnarValue]| Ok(ColumnarValue::Scalar(ScalarValue::Boolean(Some(true))))),
     ));
     Ok(())
+}
+
+/// `pg_get_expr(expr, relation [, pretty])`: the expression's text, NULL for none (as
+/// Postgres answers a relation without defaults, partition bounds or index predicates:
+/// datafusion-postgres answered `''`); `pg_get_partkeydef(oid)`: NULL, no relation here is
+/// partitioned.
+fn expression_udfs() -> Vec<ScalarUDF> {
+    use datafusion::logical_expr::TypeSignature;
+    [
+        (
+            "pg_get_expr",
+            vec![TypeSignature::Any(2), TypeSignature::Any(3)],
+        ),
+        ("pg_get_partkeydef", vec![TypeSignature::Any(1)]),
+    ]
+    .into_iter()
+    .map(|(name, arities)| {
+        ScalarUDF::new_from_impl(ExpressionText {
+            name,
+            signature: Signature::one_of(arities, Volatility::Stable),
+        })
+    })
+    .collect()
+}
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct ExpressionText {
+    name: &'static str,
+    signature: Signature,
+}
+
+impl ScalarUDFImpl for ExpressionText {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let n = args.number_rows;
+        if self.name == "pg_get_partkeydef" {
+            return Ok(ColumnarValue::Scalar(ScalarValue::Utf8(None)));
+        }
+        let text = datafusion::arrow::compute::cast(&args.args[0].to_array(n)?, &DataType::Utf8)?;
+        // datafusion-postgres's catalogs hold '' where Postgres has no expression.
+        let text: StringArray = text
+            .as_string::<i32>()
+            .iter()
+            .map(|t| t.filter(|t| !t.is_empty()))
+            .collect();
+        Ok(ColumnarValue::Array(Arc::new(text)))
+    }
 }
 
 /// The oid of a built-in type by the names Postgres accepts for it: its `typname`
@@ -356,6 +418,10 @@ struct RelationIndex {
     by_name: HashMap<(String, String), i32>,
     /// datafusion-postgres's oid of a system catalog, to Postgres's.
     renumbered: HashMap<i32, i32>,
+    /// Primary keys by the oid of their constraint and by that of their index.
+    keys: HashMap<i32, super::constraints::KeyDef>,
+    /// Schemas' comments by oid (Postgres's line on `public`).
+    namespace_comments: HashMap<i32, String>,
 }
 
 impl Relations {
@@ -385,19 +451,33 @@ impl Relations {
             .copied()
     }
 
+    /// The primary key whose constraint or index has this oid.
+    pub(super) fn key(&self, oid: i32) -> Option<super::constraints::KeyDef> {
+        self.read().keys.get(&oid).cloned()
+    }
+
     fn comment(&self, oid: i32) -> Option<String> {
         self.read().comments.get(&oid).cloned()
     }
 
-    fn comments(&self) -> Vec<(i32, String)> {
-        let mut all: Vec<_> = self
-            .read()
+    /// Every comment `pg_description` adds: `(classoid, objoid, text)`.
+    fn comments(&self) -> Vec<(i32, i32, String)> {
+        let index = self.read();
+        let relations = index
             .comments
             .iter()
-            .map(|(k, v)| (*k, v.clone()))
-            .collect();
+            .map(|(k, v)| (PG_CLASS_OID, *k, v.clone()));
+        let schemas = index
+            .namespace_comments
+            .iter()
+            .map(|(k, v)| (PG_NAMESPACE_OID, *k, v.clone()));
+        let mut all: Vec<_> = relations.chain(schemas).collect();
         all.sort();
         all
+    }
+
+    fn namespace_comment(&self, oid: i32) -> Option<String> {
+        self.read().namespace_comments.get(&oid).cloned()
     }
 
     /// The oid of a relation named as `regclass` input: `name` or `schema.name`, quoted
@@ -487,8 +567,6 @@ fn to_regclass_udf(relations: Arc<Relations>) -> ScalarUDF {
     )
 }
 
-/// `obj_description(oid [, catalog])`: a relation's comment ([`Relations`]); NULL for
-/// every other object.
 /// `pg_table_is_visible(oid)`: whether the relation's schema is on the search path
 /// (`pg_catalog`, `public`), as Postgres answers it; `tidemark.*` and
 /// `information_schema.*` are not (psql's `\dt`, SQLAlchemy's `reflect()`). An oid of no
@@ -520,6 +598,8 @@ fn pg_table_is_visible_udf(relations: Arc<Relations>) -> ScalarUDF {
     )
 }
 
+/// `obj_description(oid [, catalog])`: a relation's or a schema's comment
+/// ([`Relations`]); NULL for every other object.
 fn obj_description_udf(relations: Arc<Relations>) -> ScalarUDF {
     ScalarUDF::new_from_impl(ObjDescription {
         relations,
@@ -586,13 +666,18 @@ impl ScalarUDFImpl for ObjDescription {
                 if oids.is_null(i) {
                     return None;
                 }
-                let of_class = catalogs.as_ref().is_none_or(|c| {
-                    let c = c.as_string::<i32>();
-                    !c.is_null(i) && c.value(i) == "pg_class"
-                });
-                of_class
-                    .then(|| self.relations.comment(oids.value(i)))
-                    .flatten()
+                let catalog = match catalogs.as_ref() {
+                    None => Some("pg_class"),
+                    Some(c) => {
+                        let c = c.as_string::<i32>();
+                        c.is_valid(i).then(|| c.value(i))
+                    }
+                };
+                match catalog {
+                    Some("pg_class") => self.relations.comment(oids.value(i)),
+                    Some("pg_namespace") => self.relations.namespace_comment(oids.value(i)),
+                    _ => None,
+                }
             })
             .collect();
         Ok(ColumnarValue::Array(Arc::new(out)))
@@ -1053,7 +1138,64 @@ impl PgClass {
             let mut cols = b.columns().to_vec();
             cols[kind_idx] = Arc::new(kinds);
             cols[oid_idx] = Arc::new(Int32Array::from(new_oids));
+            if let Ok(has_index) = schema.index_of("relhasindex") {
+                // A table with a primary key has its index (below).
+                let keyed: BooleanArray = (0..b.num_rows())
+                    .map(|i| {
+                        let keyed = !names.is_null(i)
+                            && namespaces.get(&nss.value(i)).map(String::as_str) == Some("public")
+                            && keyed(&relations, names.value(i));
+                        Some(
+                            keyed
+                                || b.column(has_index)
+                                    .as_boolean_opt()
+                                    .is_some_and(|v| v.value(i)),
+                        )
+                    })
+                    .collect();
+                cols[has_index] = Arc::new(keyed);
+            }
             patched.push(RecordBatch::try_new(b.schema(), cols)?);
+        }
+        // Each primary key's index, in the schema of its table.
+        let public = namespaces
+            .iter()
+            .find(|(_, n)| *n == "public")
+            .map(|(oid, _)| *oid);
+        if let Some(public) = public {
+            index
+                .namespace_comments
+                .insert(public, "standard public schema".into());
+        }
+        if let Some(public) = public {
+            let keys: Vec<(String, usize)> = relations
+                .iter()
+                .filter(|r| {
+                    !r.primary_key.is_empty()
+                        && index
+                            .by_name
+                            .contains_key(&("public".to_string(), r.name.clone()))
+                })
+                .map(|r| (r.name.clone(), r.primary_key.len()))
+                .collect();
+            if !keys.is_empty() {
+                patched.push(super::constraints::index_class_rows(
+                    &schema, &keys, public,
+                )?);
+            }
+        }
+        for r in relations.iter().filter(|r| !r.primary_key.is_empty()) {
+            if index
+                .by_name
+                .contains_key(&("public".to_string(), r.name.clone()))
+            {
+                let key = super::constraints::KeyDef {
+                    table: r.name.clone(),
+                    columns: r.primary_key.clone(),
+                };
+                index.keys.insert(key.constraint_oid(), key.clone());
+                index.keys.insert(key.index_oid(), key);
+            }
         }
         self.relations.set(index);
         Ok(patched)
@@ -1138,7 +1280,8 @@ impl Patch for PgClass {
 }
 
 /// datafusion-postgres's `pg_description` (its built-in functions' descriptions) and a
-/// row for each relation that has a comment ([`Relations`]), `classoid` `pg_class`.
+/// row for each relation that has a comment ([`Relations`]), `classoid` `pg_class`, and
+/// Postgres's comment on schema `public`, `classoid` `pg_namespace`.
 #[derive(Debug)]
 struct PgDescription {
     inner: Arc<dyn TableProvider>,
@@ -1148,6 +1291,8 @@ struct PgDescription {
 
 /// Postgres's oid of `pg_class`, the `classoid` of a relation's comment.
 const PG_CLASS_OID: i32 = 1259;
+/// Postgres's oid of `pg_namespace`, the `classoid` of a schema's comment.
+const PG_NAMESPACE_OID: i32 = 2615;
 
 #[async_trait]
 impl Patch for PgDescription {
@@ -1167,12 +1312,14 @@ impl Patch for PgDescription {
             .map(|f| -> Result<ArrayRef> {
                 Ok(match f.name().as_str() {
                     "objoid" => {
+                        Arc::new(Int32Array::from_iter_values(comments.iter().map(|c| c.1)))
+                    }
+                    "classoid" => {
                         Arc::new(Int32Array::from_iter_values(comments.iter().map(|c| c.0)))
                     }
-                    "classoid" => Arc::new(Int32Array::from(vec![PG_CLASS_OID; comments.len()])),
                     "objsubid" => Arc::new(Int32Array::from(vec![0; comments.len()])),
                     "description" => Arc::new(StringArray::from_iter_values(
-                        comments.iter().map(|c| c.1.as_str()),
+                        comments.iter().map(|c| c.2.as_str()),
                     )),
                     _ => datafusion::arrow::array::new_null_array(f.data_type(), comments.len()),
                 })
@@ -1249,6 +1396,13 @@ pub(super) fn database_oid(name: &str) -> i32 {
 
 /// An oid derived from a name: stable across restarts, above the range Postgres reserves
 /// for its own objects.
+/// Whether the relation called `name` has a primary key.
+fn keyed(relations: &[crate::catalog::Relation], name: &str) -> bool {
+    relations
+        .iter()
+        .any(|r| r.name == name && !r.primary_key.is_empty())
+}
+
 pub(super) fn oid_of_name(name: &str) -> i32 {
     // FNV-1a
     let mut h: u32 = 0x811c_9dc5;

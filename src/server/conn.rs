@@ -74,15 +74,28 @@ pub(super) async fn serve(socket: TcpStream, handlers: Arc<Handlers>) -> io::Res
         );
         let idle = matches!(conn.state(), PgWireConnectionState::ReadyForQuery)
             && matches!(conn.transaction_status(), TransactionStatus::Idle);
-        let next = if starting {
-            tokio::select! {
-                _ = &mut startup => return Ok(()),
-                m = conn.framed.next() => m,
+        let session = conn
+            .session_extensions()
+            .get::<Registered>()
+            .map(|r| r.0.clone());
+        let terminated = async {
+            match &session {
+                Some(session) => session.terminated().await,
+                None => std::future::pending().await,
             }
-        } else if let Some(limit) = handlers.idle_session_timeout.filter(|_| idle) {
-            match tokio::time::timeout(limit, conn.framed.next()).await {
-                Ok(m) => m,
-                Err(_) => {
+        };
+        let idle_limit = handlers.idle_session_timeout.filter(|_| idle);
+        let next = tokio::select! {
+            _ = &mut startup, if starting => return Ok(()),
+            _ = terminated => return send_error(&mut conn, terminated_by_administrator(), false).await,
+            m = async {
+                match idle_limit {
+                    Some(limit) => tokio::time::timeout(limit, conn.framed.next()).await.ok(),
+                    None => Some(conn.framed.next().await),
+                }
+            } => match m {
+                Some(m) => m,
+                None => {
                     let info = ErrorInfo::new(
                         "FATAL".into(),
                         "57P05".into(),
@@ -90,9 +103,7 @@ pub(super) async fn serve(socket: TcpStream, handlers: Arc<Handlers>) -> io::Res
                     );
                     return send_error(&mut conn, info, false).await;
                 }
-            }
-        } else {
-            conn.framed.next().await
+            },
         };
         let message = match next {
             None => return Ok(()),
@@ -116,10 +127,6 @@ pub(super) async fn serve(socket: TcpStream, handlers: Arc<Handlers>) -> io::Res
             PgWireConnectionState::CopyInProgress(extended) => extended,
             _ => message.is_extended_query(),
         };
-        let session = conn
-            .session_extensions()
-            .get::<Registered>()
-            .map(|r| r.0.clone());
         if let Some(session) = &session
             && let Some(statement) = statement_of(&conn, &message)
         {
@@ -154,6 +161,9 @@ pub(super) async fn serve(socket: TcpStream, handlers: Arc<Handlers>) -> io::Res
                 return send_error(&mut conn, info, false).await;
             }
         }
+        if session.as_ref().is_some_and(|s| s.terminating()) {
+            return send_error(&mut conn, terminated_by_administrator(), false).await;
+        }
         if let Some(session) = &session
             && matches!(conn.state(), PgWireConnectionState::ReadyForQuery)
         {
@@ -164,6 +174,15 @@ pub(super) async fn serve(socket: TcpStream, handlers: Arc<Handlers>) -> io::Res
             });
         }
     }
+}
+
+/// Why a connection `pg_terminate_backend` ended is closing.
+fn terminated_by_administrator() -> ErrorInfo {
+    ErrorInfo::new(
+        "FATAL".into(),
+        "57P01".into(),
+        "terminating connection due to administrator command".into(),
+    )
 }
 
 /// The statement a `Query` or `Execute` runs, for `pg_stat_activity`.

@@ -5,19 +5,24 @@
 //!
 //! Tidemark's key is informational, as Delta's is (NOT NULL, not unique), so the index is
 //! not `indisunique`. The rows are datafusion-postgres's, plus one per table key; the
-//! constraint's schema is the oid `pg_namespace` gives `public`. The index has no
-//! `pg_class` row of its own (yet): a join of `pg_index` to `pg_class` on `indexrelid`
-//! finds nothing (DBeaver's index list).
+//! constraint's schema is the oid `pg_namespace` gives `public`. The index also has its
+//! own `pg_class` row (relkind `i`, access method btree, [`index_class_rows`]), so a join
+//! of `pg_index` to `pg_class` on `indexrelid` finds it (DBeaver's index list, psql's
+//! `\d`).
 
 use std::sync::{Arc, Weak};
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{
-    ArrayRef, BooleanArray, Int16Array, Int32Array, RecordBatch, StringArray,
+    ArrayRef, BooleanArray, Int16Array, Int32Array, Int64Array, RecordBatch, StringArray,
 };
 use datafusion::arrow::datatypes::DataType;
 use datafusion::catalog::{SchemaProvider, Session, TableProvider};
 use datafusion::error::Result;
+use datafusion::logical_expr::{
+    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, TypeSignature,
+    Volatility,
+};
 
 use super::catalog::{Patch, PgClass, Relations, batch_by_name, collect_all, oid_of_name};
 use crate::engine::Engine;
@@ -32,13 +37,70 @@ struct PrimaryKey {
     columns: Vec<i16>,
 }
 
+/// The name Postgres gives a table's primary key and its index.
+pub(super) fn key_name(table: &str) -> String {
+    format!("{table}_pkey")
+}
+
+/// The oid of the index named `name`: in `pg_class` and `pg_index.indexrelid` alike.
+fn index_oid(name: &str) -> i32 {
+    oid_of_name(&format!("index {name}"))
+}
+
+/// The oid of the constraint named `name`.
+fn constraint_oid(name: &str) -> i32 {
+    oid_of_name(&format!("constraint {name}"))
+}
+
+/// `pg_class` rows in `schema`'s columns for the indexes of these keys: each `(table,
+/// number of key columns)`, in schema `namespace`.
+pub(super) fn index_class_rows(
+    schema: &datafusion::arrow::datatypes::SchemaRef,
+    keys: &[(String, usize)],
+    namespace: i32,
+) -> Result<RecordBatch> {
+    let n = keys.len();
+    let names: Vec<String> = keys.iter().map(|(t, _)| key_name(t)).collect();
+    let int = |v: i32| -> ArrayRef { Arc::new(Int32Array::from(vec![v; n])) };
+    let text = |v: &str| -> ArrayRef { Arc::new(StringArray::from(vec![v; n])) };
+    let flag = |b: bool| -> ArrayRef { Arc::new(BooleanArray::from(vec![b; n])) };
+    batch_by_name(schema, n, |column| {
+        Some(match column {
+            "oid" | "relfilenode" => Arc::new(Int32Array::from_iter_values(
+                names.iter().map(|name| index_oid(name)),
+            )),
+            "relname" => Arc::new(StringArray::from_iter_values(names.iter())),
+            "relnamespace" => int(namespace),
+            "relkind" => text("i"),
+            // btree, pg_am's oid for it.
+            "relam" => int(403),
+            "relnatts" => Arc::new(Int16Array::from_iter_values(
+                keys.iter().map(|(_, columns)| *columns as i16),
+            )),
+            "relpersistence" => text("p"),
+            "relreplident" => text("n"),
+            "reltype" | "reloftype" | "reltablespace" | "reltoastrelid" => int(0),
+            "relhasindex"
+            | "relisshared"
+            | "relhasrules"
+            | "relhastriggers"
+            | "relhassubclass"
+            | "relrowsecurity"
+            | "relforcerowsecurity"
+            | "relispartition" => flag(false),
+            "relispopulated" => flag(true),
+            _ => return None,
+        })
+    })
+}
+
 impl PrimaryKey {
     fn constraint_oid(&self) -> i32 {
-        oid_of_name(&format!("constraint {}", self.name))
+        constraint_oid(&self.name)
     }
 
     fn index_oid(&self) -> i32 {
-        oid_of_name(&format!("index {}", self.name))
+        index_oid(&self.name)
     }
 
     /// `conkey`'s text, an `int2[]`: `{1,2}`.
@@ -118,7 +180,7 @@ impl Keys {
             if let Some(columns) = columns {
                 keys.push(PrimaryKey {
                     table_oid,
-                    name: format!("{}_pkey", relation.name),
+                    name: key_name(&relation.name),
                     columns,
                 });
             }
@@ -222,6 +284,180 @@ impl Patch for PgIndex {
     }
 }
 
+/// A primary key as the definition functions spell it.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct KeyDef {
+    pub table: String,
+    pub columns: Vec<String>,
+}
+
+impl KeyDef {
+    pub(super) fn constraint_oid(&self) -> i32 {
+        constraint_oid(&key_name(&self.table))
+    }
+
+    pub(super) fn index_oid(&self) -> i32 {
+        index_oid(&key_name(&self.table))
+    }
+
+    fn column_list(&self) -> String {
+        let quoted: Vec<String> = self.columns.iter().map(|c| quote_ident(c)).collect();
+        quoted.join(", ")
+    }
+
+    /// `pg_get_constraintdef`: `PRIMARY KEY (id)`.
+    fn constraint_definition(&self) -> String {
+        format!("PRIMARY KEY ({})", self.column_list())
+    }
+
+    /// `pg_get_indexdef(oid)`, or with a column number its column's name. Not `UNIQUE`:
+    /// the key is informational (module docs).
+    fn index_definition(&self, column: i64) -> Option<String> {
+        match column {
+            0 => Some(format!(
+                "CREATE INDEX {} ON public.{} USING btree ({})",
+                quote_ident(&key_name(&self.table)),
+                quote_ident(&self.table),
+                self.column_list()
+            )),
+            n => usize::try_from(n - 1)
+                .ok()
+                .and_then(|i| self.columns.get(i))
+                .map(|c| quote_ident(c)),
+        }
+    }
+}
+
+/// An identifier as Postgres's `quote_ident` writes it: as it is when it is lower case
+/// letters, digits and underscores not starting with a digit, otherwise double-quoted.
+fn quote_ident(name: &str) -> String {
+    let plain = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if plain {
+        name.to_string()
+    } else {
+        format!("\"{}\"", name.replace('"', "\"\""))
+    }
+}
+
+/// `pg_get_indexdef(oid [, column, pretty])` and `pg_get_constraintdef(oid [, pretty])`
+/// for the primary keys [`Relations`] knows; NULL for any other oid.
+pub(super) fn definition_udfs(relations: Arc<Relations>) -> Vec<ScalarUDF> {
+    [Definition::Index, Definition::Constraint]
+        .into_iter()
+        .map(|of| {
+            let arities = match of {
+                Definition::Index => vec![1, 3],
+                Definition::Constraint => vec![1, 2],
+            };
+            ScalarUDF::new_from_impl(DefinitionUdf {
+                of,
+                relations: relations.clone(),
+                signature: Signature::one_of(
+                    arities.into_iter().map(TypeSignature::Any).collect(),
+                    Volatility::Stable,
+                ),
+            })
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Definition {
+    Index,
+    Constraint,
+}
+
+#[derive(Debug)]
+struct DefinitionUdf {
+    of: Definition,
+    relations: Arc<Relations>,
+    signature: Signature,
+}
+
+impl PartialEq for DefinitionUdf {
+    fn eq(&self, other: &Self) -> bool {
+        self.of == other.of && Arc::ptr_eq(&self.relations, &other.relations)
+    }
+}
+
+impl Eq for DefinitionUdf {}
+
+impl std::hash::Hash for DefinitionUdf {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.of.hash(state);
+    }
+}
+
+impl ScalarUDFImpl for DefinitionUdf {
+    fn name(&self) -> &str {
+        match self.of {
+            Definition::Index => "pg_get_indexdef",
+            Definition::Constraint => "pg_get_constraintdef",
+        }
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        use datafusion::arrow::array::{Array, AsArray};
+        use datafusion::arrow::datatypes::Int64Type;
+        let n = args.number_rows;
+        let int64 = |i: usize| -> Result<Option<ArrayRef>> {
+            match args.args.get(i) {
+                Some(a) => Ok(Some(datafusion::arrow::compute::cast(
+                    &a.to_array(n)?,
+                    &DataType::Int64,
+                )?)),
+                None => Ok(None),
+            }
+        };
+        let oids = int64(0)?.unwrap_or_else(|| Arc::new(Int64Array::new_null(n)));
+        let columns = match self.of {
+            Definition::Index => int64(1)?,
+            Definition::Constraint => None,
+        };
+        let oids = oids.as_primitive::<Int64Type>();
+        let out: StringArray = (0..n)
+            .map(|i| {
+                let oid = i32::try_from(oids.value(i))
+                    .ok()
+                    .filter(|_| oids.is_valid(i))?;
+                let key = self.relations.key(oid)?;
+                match self.of {
+                    Definition::Constraint => {
+                        (oid == key.constraint_oid()).then(|| key.constraint_definition())
+                    }
+                    Definition::Index => {
+                        let column = match &columns {
+                            Some(c) => {
+                                let c = c.as_primitive::<Int64Type>();
+                                c.is_valid(i).then(|| c.value(i))?
+                            }
+                            None => 0,
+                        };
+                        (oid == key.index_oid())
+                            .then(|| key.index_definition(column))
+                            .flatten()
+                    }
+                }
+            })
+            .collect();
+        Ok(ColumnarValue::Array(Arc::new(out)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,5 +472,32 @@ mod tests {
         assert_eq!(key.conkey(), "{1,3}");
         assert_eq!(key.indkey(), "1 3");
         assert_ne!(key.constraint_oid(), key.index_oid());
+    }
+
+    #[test]
+    fn definitions_read_as_postgres_prints_them() {
+        let key = KeyDef {
+            table: "Orders".into(),
+            columns: vec!["id".into(), "Line No".into()],
+        };
+        assert_eq!(
+            key.constraint_definition(),
+            r#"PRIMARY KEY (id, "Line No")"#
+        );
+        assert_eq!(
+            key.index_definition(0).unwrap(),
+            r#"CREATE INDEX "Orders_pkey" ON public."Orders" USING btree (id, "Line No")"#
+        );
+        assert_eq!(key.index_definition(2).as_deref(), Some(r#""Line No""#));
+        assert_eq!(key.index_definition(3), None);
+        assert_eq!(key.index_definition(-1), None);
+        // The same oids as the rows of pg_constraint and pg_index.
+        let row = PrimaryKey {
+            table_oid: 1,
+            name: key_name("Orders"),
+            columns: vec![1, 2],
+        };
+        assert_eq!(key.constraint_oid(), row.constraint_oid());
+        assert_eq!(key.index_oid(), row.index_oid());
     }
 }

@@ -119,6 +119,7 @@ impl Startup {
             .get("application_name")
             .cloned()
             .unwrap_or_default();
+        let (handle, guard) = self.connections.register(pid, key);
         let registered = Registered::new(
             pid,
             connected_database(&*client),
@@ -126,10 +127,10 @@ impl Startup {
             trusted,
             application_name,
             client.socket_addr(),
+            handle.clone(),
         );
         let extensions = client.session_extensions();
         extensions.insert::<Registered>(registered);
-        let (handle, guard) = self.connections.register(pid, key);
         extensions.insert::<CancelHandle>(CancelHandle(handle));
         extensions.insert::<ConnectionGuard>(guard);
         extensions.insert::<Login>(Login { user, trusted });
@@ -160,21 +161,31 @@ impl StartupHandler for Startup {
                 if self.max_connections > 0 && before >= self.max_connections {
                     return Err(fatal("53300", "sorry, too many clients already".into()));
                 }
-                let (exchange, request) =
-                    match AuthMethod::for_peer(self.auth, client.socket_addr().ip()) {
-                        AuthMethod::Trust => return self.admit(client, true).await,
-                        AuthMethod::ScramSha256 => (
-                            Exchange::ScramFirst,
-                            Authentication::SASL(vec![SCRAM_SHA_256.into()]),
-                        ),
-                        AuthMethod::Md5 => {
-                            let salt = md5_salt();
-                            (
-                                Exchange::Md5(salt),
-                                Authentication::MD5Password(salt.to_vec()),
-                            )
-                        }
-                    };
+                let mut method = AuthMethod::for_peer(self.auth, client.socket_addr().ip());
+                // As Postgres's md5: a role whose password is stored only as SCRAM logs in
+                // by SCRAM.
+                let user = user_of(client);
+                if method == AuthMethod::Md5
+                    && self
+                        .secret(&user)
+                        .is_some_and(|s| s.md5.is_none() && s.scram.is_some())
+                {
+                    method = AuthMethod::ScramSha256;
+                }
+                let (exchange, request) = match method {
+                    AuthMethod::Trust => return self.admit(client, true).await,
+                    AuthMethod::ScramSha256 => (
+                        Exchange::ScramFirst,
+                        Authentication::SASL(vec![SCRAM_SHA_256.into()]),
+                    ),
+                    AuthMethod::Md5 => {
+                        let salt = md5_salt();
+                        (
+                            Exchange::Md5(salt),
+                            Authentication::MD5Password(salt.to_vec()),
+                        )
+                    }
+                };
                 set_exchange(client, Some(exchange));
                 client.set_state(PgWireConnectionState::AuthenticationInProgress);
                 client

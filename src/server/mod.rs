@@ -48,6 +48,7 @@ mod catalog;
 mod conn;
 mod constraints;
 mod copy;
+mod explain;
 mod information_schema;
 mod insert;
 mod interrupt;
@@ -396,6 +397,38 @@ impl TidemarkService {
         encode_output(&self.engine, output, format).await
     }
 
+    /// `EXPLAIN query`, as Postgres prints it ([`explain`]).
+    async fn explain<C: ClientInfo>(&self, client: &C, query: &str) -> PgWireResult<Response> {
+        let rewritten = rewrite::rewrite_client_query(query, &session_facts(client));
+        let query = rewritten.as_deref().unwrap_or(query);
+        let lines = async {
+            let df = self.engine.context().sql(query).await?;
+            let plan = df.create_physical_plan().await?;
+            explain::lines(&plan)
+        };
+        let lines = lines
+            .await
+            .map_err(|e| classify_pg_error(PgWireError::ApiError(Box::new(e))))?;
+        let schema = Arc::new(datafusion::arrow::datatypes::Schema::new(vec![
+            datafusion::arrow::datatypes::Field::new(
+                "QUERY PLAN",
+                datafusion::arrow::datatypes::DataType::Utf8,
+                false,
+            ),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(datafusion::arrow::array::StringArray::from(lines))],
+        )
+        .map_err(|e| to_pg_error(&Error::from(e)))?;
+        encode_output(
+            &self.engine,
+            Output::Rows(schema, vec![batch]),
+            &Format::UnifiedText,
+        )
+        .await
+    }
+
     /// Refuses `piece` with 42501 when the connection's role may not run it. Superusers,
     /// and trusted users that are no role, may run anything.
     async fn check_privileges<C: ClientInfo>(&self, client: &C, piece: &Piece) -> PgWireResult<()> {
@@ -456,7 +489,30 @@ impl SimpleQueryHandler for TidemarkService {
             for piece in &pieces {
                 self.check_privileges(client, piece).await?;
             }
-            let rewritten = rewrite::rewrite_client_query(query, &session_facts(client));
+            if pieces.len() == 1
+                && let Some(inner) = explain::plain_explain(query)
+            {
+                return Ok(vec![self.explain(client, inner).await?]);
+            }
+            let facts = session_facts(client);
+            let rewritten = match pieces.as_slice() {
+                [_] => rewrite::rewrite_client_query(query, &facts),
+                // Each statement of several (Npgsql's type load sends four in one message).
+                _ => {
+                    let each: Vec<Option<String>> = pieces
+                        .iter()
+                        .map(|p| rewrite::rewrite_client_query(p.text(), &facts))
+                        .collect();
+                    each.iter().any(Option::is_some).then(|| {
+                        let texts: Vec<&str> = each
+                            .iter()
+                            .zip(&pieces)
+                            .map(|(r, p)| r.as_deref().unwrap_or(p.text()))
+                            .collect();
+                        texts.join(";\n")
+                    })
+                }
+            };
             let query = rewritten.as_deref().unwrap_or(query);
             if pieces.len() == 1
                 && let Some(response) = self.read(client, query, None, &Format::UnifiedText).await

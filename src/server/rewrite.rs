@@ -40,7 +40,8 @@ pub struct SessionFacts {
 /// - `current_database()` and `current_catalog` are the connected database's name,
 ///   `current_user`, `session_user` and `current_role` the user logged in, and
 ///   `pg_backend_pid()` the connection's pid: the session's engine is shared by every
-///   connection, so these are filled in per statement;
+///   connection, so these are filled in per statement; `pg_cancel_backend(pid)` and
+///   `pg_terminate_backend(pid)` get the user as a second argument, whose rights they check;
 /// - `'pg_class'::regclass` (and the other system catalogs) is the catalog's oid in
 ///   Postgres, the `classoid` of `pg_description`'s and `pg_depend`'s rows;
 /// - `x::regtype::text` is `format_type(x, NULL)`, the type's name (`integer`), as
@@ -62,6 +63,8 @@ pub fn rewrite_client_query(sql: &str, session: &SessionFacts) -> Option<String>
         "session_user",
         "current_role",
         "pg_backend_pid",
+        "_backend",
+        "acl,",
         "regclass",
         "regtype",
         "regproc",
@@ -81,13 +84,18 @@ pub fn rewrite_client_query(sql: &str, session: &SessionFacts) -> Option<String>
             || t.starts_with('(')
             || (t.starts_with("select") && !names_columns_only(t))
     };
-    if !(catalog_case || per_session || catalog_subqueries || query) {
+    let regproc_join =
+        lower.contains("pg_proc") && REGPROC_COLUMNS.iter().any(|c| lower.contains(c));
+    if !(catalog_case || per_session || catalog_subqueries || query || regproc_join) {
         return None;
     }
     let mut statements = Parser::parse_sql(&PostgreSqlDialect {}, sql).ok()?;
     let [stmt] = statements.as_mut_slice() else {
         return None;
     };
+    if let Some(set) = set_as_text(stmt) {
+        return Some(set);
+    }
     if lower.contains("_pg_expandarray(i.indkey)") && lower.contains("indisprimary") {
         return pgjdbc_primary_keys(stmt);
     }
@@ -117,6 +125,11 @@ pub fn rewrite_client_query(sql: &str, session: &SessionFacts) -> Option<String>
         let mut aggregate = AggregateCorrelatedSubqueries { changed: false };
         let _ = stmt.visit(&mut aggregate);
         changed |= aggregate.changed;
+    }
+    if regproc_join && reads_catalog(stmt) {
+        let mut regproc = RegprocJoins { changed: false };
+        let _ = stmt.visit(&mut regproc);
+        changed |= regproc.changed;
     }
     if changed {
         keep_names(stmt, before);
@@ -402,8 +415,8 @@ impl VisitorMut for AggregateCorrelatedSubqueries {
 }
 
 /// `ARRAY(SELECT x FROM ... WHERE <correlated by equalities>)` in a catalog query (psql's
-/// `\du`) as `((SELECT array_agg(x) FROM ... WHERE ...))`, which DataFusion decorrelates
-/// into a join (an empty result is NULL there, `{}` in Postgres). An `ARRAY` over a set
+/// `\du`) as `coalesce((SELECT array_agg(x) FROM ... WHERE ...), make_array())`, which
+/// DataFusion decorrelates into a join (`{}` when nothing matches, as in Postgres). An `ARRAY` over a set
 /// function of an outer column (`unnest(tc.reloptions)` in psql's `\d+`), which DataFusion
 /// cannot plan, is a NULL text array: Tidemark's relations have no options, and
 /// `pg_class.reloptions` (which datafusion-postgres's `pg_class` lacks) is NULL too.
@@ -473,7 +486,8 @@ impl VisitorMut for ArraySubqueries {
                 aggregated
                     .to_string()
                     .replacen("__array_item", &format!("array_agg({value})"), 1);
-            format!("(({text}))")
+            // An empty result is `{}`, as Postgres's ARRAY() gives (array_agg's is NULL).
+            format!("coalesce(({text}), make_array())")
         };
         if let Ok(parsed) = Parser::new(&PostgreSqlDialect {})
             .try_with_sql(&replacement)
@@ -482,6 +496,66 @@ impl VisitorMut for ArraySubqueries {
             *expr = parsed;
             self.changed = true;
         }
+        ControlFlow::Continue(())
+    }
+}
+
+/// `pg_type`'s function columns (`typreceive`, `typinput`, ...) are `regproc` in Postgres,
+/// which compares with `pg_proc.oid` and prints as the function's name;
+/// datafusion-postgres keeps the name as text. So `p.oid = t.typreceive` (Npgsql's type
+/// load joins so) compares names: `p.proname = t.typreceive`.
+struct RegprocJoins {
+    changed: bool,
+}
+
+const REGPROC_COLUMNS: &[&str] = &[
+    "typinput",
+    "typoutput",
+    "typreceive",
+    "typsend",
+    "typmodin",
+    "typmodout",
+    "typanalyze",
+];
+
+impl VisitorMut for RegprocJoins {
+    type Break = ();
+
+    fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
+        use datafusion::sql::sqlparser::ast::BinaryOperator;
+        let Expr::BinaryOp {
+            left,
+            op: BinaryOperator::Eq,
+            right,
+        } = expr
+        else {
+            return ControlFlow::Continue(());
+        };
+        let last = |e: &Expr| match e {
+            Expr::CompoundIdentifier(parts) => parts.last().map(|p| p.value.to_ascii_lowercase()),
+            Expr::Identifier(ident) => Some(ident.value.to_ascii_lowercase()),
+            _ => None,
+        };
+        let is_regproc = |e: &Expr| last(e).is_some_and(|n| REGPROC_COLUMNS.contains(&n.as_str()));
+        let oid_side = if is_regproc(right) && last(left).as_deref() == Some("oid") {
+            left
+        } else if is_regproc(left) && last(right).as_deref() == Some("oid") {
+            right
+        } else {
+            return ControlFlow::Continue(());
+        };
+        match oid_side.as_mut() {
+            Expr::CompoundIdentifier(parts) => {
+                if let Some(p) = parts.last_mut() {
+                    *p = datafusion::sql::sqlparser::ast::Ident::new("proname");
+                }
+            }
+            Expr::Identifier(ident) => {
+                *ident = datafusion::sql::sqlparser::ast::Ident::new("proname")
+            }
+            _ => {}
+        }
+        self.changed = true;
         ControlFlow::Continue(())
     }
 }
@@ -673,6 +747,37 @@ fn function_name(f: &datafusion::sql::sqlparser::ast::Function) -> String {
         .to_string()
 }
 
+/// Whether `f`'s first argument is a catalog's access-privilege column (`relacl`, ...).
+fn first_argument_is_acl(f: &datafusion::sql::sqlparser::ast::Function) -> bool {
+    use datafusion::sql::sqlparser::ast::{FunctionArg, FunctionArgExpr, FunctionArguments};
+    const ACLS: &[&str] = &[
+        "relacl",
+        "nspacl",
+        "datacl",
+        "attacl",
+        "proacl",
+        "typacl",
+        "lanacl",
+        "spcacl",
+        "fdwacl",
+        "srvacl",
+        "defaclacl",
+    ];
+    let FunctionArguments::List(list) = &f.args else {
+        return false;
+    };
+    let name = match list.args.first() {
+        Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::CompoundIdentifier(parts)))) => {
+            parts.last().map(|p| p.value.to_ascii_lowercase())
+        }
+        Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::Identifier(i)))) => {
+            Some(i.value.to_ascii_lowercase())
+        }
+        _ => None,
+    };
+    name.is_some_and(|n| ACLS.contains(&n.as_str()))
+}
+
 fn has_no_arguments(f: &datafusion::sql::sqlparser::ast::Function) -> bool {
     use datafusion::sql::sqlparser::ast::FunctionArguments;
     match &f.args {
@@ -731,9 +836,48 @@ impl VisitorMut for SessionRewrite<'_> {
             Expr::Function(f) if has_no_arguments(f) => match function_name(f).as_str() {
                 "current_database" | "current_catalog" => Some(text(&self.session.database)),
                 "current_user" | "session_user" | "current_role" => Some(text(&self.session.user)),
-                "pg_backend_pid" => Some(number(self.session.pid)),
+                // An integer, as in Postgres (a bare literal would be a bigint here).
+                "pg_backend_pid" => Some(Expr::Cast {
+                    kind: datafusion::sql::sqlparser::ast::CastKind::Cast,
+                    expr: Box::new(number(self.session.pid)),
+                    data_type: datafusion::sql::sqlparser::ast::DataType::Integer(None),
+                    array: false,
+                    format: None,
+                }),
                 _ => None,
             },
+            // An access-privilege list printed (psql's `\dn+`, `\l+`, `\dp`): none here,
+            // which Postgres prints as NULL (default privileges); datafusion-postgres's
+            // columns are text, which `array_to_string` refuses.
+            Expr::Function(f)
+                if function_name(f) == "array_to_string" && first_argument_is_acl(f) =>
+            {
+                Parser::new(&PostgreSqlDialect {})
+                    .try_with_sql("CAST(NULL AS TEXT)")
+                    .and_then(|mut p| p.parse_expr())
+                    .ok()
+            }
+            Expr::Function(f)
+                if matches!(
+                    function_name(f).as_str(),
+                    "pg_cancel_backend" | "pg_terminate_backend"
+                ) =>
+            {
+                use datafusion::sql::sqlparser::ast::{
+                    FunctionArg, FunctionArgExpr, FunctionArguments,
+                };
+                match &mut f.args {
+                    FunctionArguments::List(list) if list.args.len() == 1 => {
+                        list.args
+                            .push(FunctionArg::Unnamed(FunctionArgExpr::Expr(text(
+                                &self.session.user,
+                            ))));
+                        self.changed = true;
+                    }
+                    _ => {}
+                }
+                None
+            }
             Expr::Cast {
                 expr: inner,
                 data_type,
@@ -970,6 +1114,62 @@ fn is_text_expression(e: &Expr) -> bool {
             "format" | "concat" | "concat_ws" | "quote_ident" | "lower" | "upper" | "trim"
         ),
         _ => false,
+    }
+}
+
+/// `SET search_path = "public"`, `SET search_path TO a, b` (identifiers, or a list) as
+/// `SET search_path = 'public'` / `'a, b'`: datafusion-postgres keeps a session setting
+/// only when it is one literal, and Postgres's `SHOW` prints the list so (Superset sends
+/// the quoted form). Settings other than those datafusion-postgres keeps are left alone.
+fn set_as_text(stmt: &datafusion::sql::sqlparser::ast::Statement) -> Option<String> {
+    use datafusion::sql::sqlparser::ast::{Set, Statement};
+    let Statement::Set(Set::SingleAssignment {
+        scope: None,
+        hivevar: false,
+        variable,
+        values,
+    }) = stmt
+    else {
+        return None;
+    };
+    let name = variable.to_string().to_ascii_lowercase();
+    if name != "search_path" || values.is_empty() {
+        return None;
+    }
+    if let [Expr::Value(v)] = values.as_slice()
+        && matches!(v.value, Value::SingleQuotedString(_))
+    {
+        return None;
+    }
+    let items: Vec<String> = values
+        .iter()
+        .map(|v| match v {
+            Expr::Identifier(ident) => Some(quote_setting_item(&ident.value)),
+            Expr::Value(v) => match &v.value {
+                Value::SingleQuotedString(s) => Some(quote_setting_item(s)),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let list = items.join(", ").replace('\'', "''");
+    Some(format!("SET {name} = '{list}'"))
+}
+
+/// A schema name in `search_path` as `SHOW` prints it: bare when it is a plain lower-case
+/// name, double-quoted otherwise (`"$user"`).
+fn quote_setting_item(name: &str) -> String {
+    let plain = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if plain {
+        name.to_string()
+    } else {
+        format!("\"{}\"", name.replace('"', "\"\""))
     }
 }
 
@@ -1287,7 +1487,9 @@ mod tests {
     fn session_functions_are_the_sessions() {
         assert_eq!(
             rewrite("SELECT current_database(), pg_catalog.pg_backend_pid()").as_deref(),
-            Some("SELECT 'shop' AS \"current_database\", 42 AS \"pg_backend_pid\"")
+            Some(
+                "SELECT 'shop' AS \"current_database\", CAST(42 AS INTEGER) AS \"pg_backend_pid\""
+            )
         );
         assert_eq!(
             rewrite("SELECT datname FROM pg_database WHERE datname = current_catalog").as_deref(),
@@ -1335,7 +1537,7 @@ mod tests {
         // psql's \du: the roles a role is a member of.
         assert_eq!(
             rewrite("SELECT r.rolname, ARRAY(SELECT b.rolname FROM pg_catalog.pg_auth_members m JOIN pg_catalog.pg_roles b ON (m.roleid = b.oid) WHERE m.member = r.oid) as memberof FROM pg_catalog.pg_roles r").as_deref(),
-            Some("SELECT r.rolname, ((SELECT array_agg(b.rolname) AS \"rolname\" FROM pg_catalog.pg_auth_members m JOIN pg_catalog.pg_roles b ON (m.roleid = b.oid) WHERE m.member = r.oid)) AS memberof FROM pg_catalog.pg_roles r")
+            Some("SELECT r.rolname, coalesce((SELECT array_agg(b.rolname) AS \"rolname\" FROM pg_catalog.pg_auth_members m JOIN pg_catalog.pg_roles b ON (m.roleid = b.oid) WHERE m.member = r.oid), make_array()) AS memberof FROM pg_catalog.pg_roles r")
         );
         // psql's \d+: a table's options (Tidemark's have none).
         assert_eq!(
@@ -1464,6 +1666,37 @@ mod tests {
             rewrite("SELECT format('%-10s', a)").as_deref(),
             Some("SELECT format('%-10s', a) AS \"format\"")
         );
+    }
+
+    #[test]
+    fn a_join_of_pg_proc_to_a_regproc_column_compares_names() {
+        let out = rewrite(
+            "SELECT t.typname FROM pg_type AS t LEFT JOIN pg_proc AS proc \
+             ON proc.oid = t.typreceive WHERE proc.proname = 'array_recv'",
+        )
+        .expect("rewritten");
+        assert!(out.contains("ON proc.proname = t.typreceive"), "{out}");
+        // Other joins on oid stay.
+        let out = rewrite(
+            "SELECT t.typname, (SELECT 1 FROM pg_proc p WHERE p.oid = t.oid) FROM pg_type t",
+        );
+        assert!(
+            out.as_deref().is_none_or(|o| o.contains("p.oid = t.oid")),
+            "{out:?}"
+        );
+    }
+
+    #[test]
+    fn a_search_path_of_names_is_set_as_postgres_prints_it() {
+        assert_eq!(
+            rewrite("set search_path = \"public\"").as_deref(),
+            Some("SET search_path = 'public'")
+        );
+        assert_eq!(
+            rewrite("SET search_path TO \"$user\", public, \"My\"").as_deref(),
+            Some("SET search_path = '\"$user\", public, \"My\"'")
+        );
+        assert_eq!(rewrite("SET search_path = 'public'"), None);
     }
 
     #[test]

@@ -39,8 +39,12 @@ public class JdbcMeta {
             check(schemas.contains("TABLE_SCHEM=public"), "getSchemas: " + schemas);
 
             List<String> tables = rows(m.getTables(null, "public", "jdbc%", null), "TABLE_NAME", "TABLE_TYPE");
-            check(tables.equals(List.of("TABLE_NAME=jdbc_dims TABLE_TYPE=TABLE",
+            // With no types, every kind, as PostgreSQL answers: the key's index too.
+            check(tables.equals(List.of("TABLE_NAME=jdbc_dims_pkey TABLE_TYPE=INDEX",
+                                        "TABLE_NAME=jdbc_dims TABLE_TYPE=TABLE",
                                         "TABLE_NAME=jdbc_events TABLE_TYPE=TABLE")), "getTables: " + tables);
+            List<String> onlyTables = rows(m.getTables(null, "public", "jdbc%", new String[] {"TABLE"}), "TABLE_NAME");
+            check(onlyTables.equals(List.of("TABLE_NAME=jdbc_dims", "TABLE_NAME=jdbc_events")), "getTables(TABLE): " + onlyTables);
             List<String> remarks = rows(m.getTables(null, "public", "jdbc_events", null), "REMARKS");
             check(remarks.equals(List.of("REMARKS=stream (connector = 'table')")), "REMARKS: " + remarks);
 

@@ -143,7 +143,16 @@ const CASES: &[(&str, Agree)] = &[
 
 type Rows = (Vec<String>, Vec<Vec<Option<String>>>);
 
-async fn rows(client: &Client, sql: &str) -> Result<Rows, String> {
+/// One statement's answer, as text: its column names and rows.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct ResultSet {
+    pub names: Vec<String>,
+    pub rows: Vec<Vec<Option<String>>>,
+}
+
+/// The answers of a simple Query message, one per statement that returns rows (or
+/// completes), in order; an error reads `SQLSTATE: message`.
+pub(crate) async fn result_sets(client: &Client, sql: &str) -> Result<Vec<ResultSet>, String> {
     let messages = client
         .simple_query(sql)
         .await
@@ -151,24 +160,30 @@ async fn rows(client: &Client, sql: &str) -> Result<Rows, String> {
             Some(db) => format!("{}: {}", db.code().code(), db.message()),
             None => e.to_string(),
         })?;
-    let mut names = Vec::new();
-    let mut out = Vec::new();
+    let mut sets = Vec::new();
+    let mut current = ResultSet::default();
     for m in messages {
         match m {
             SimpleQueryMessage::RowDescription(cols) => {
-                names = cols.iter().map(|c| c.name().to_string()).collect();
+                current.names = cols.iter().map(|c| c.name().to_string()).collect();
             }
             SimpleQueryMessage::Row(row) => {
-                out.push(
+                current.rows.push(
                     (0..row.len())
                         .map(|i| row.get(i).map(str::to_string))
                         .collect(),
                 );
             }
+            SimpleQueryMessage::CommandComplete(_) => sets.push(std::mem::take(&mut current)),
             _ => {}
         }
     }
-    Ok((names, out))
+    Ok(sets)
+}
+
+async fn rows(client: &Client, sql: &str) -> Result<Rows, String> {
+    let last = result_sets(client, sql).await?.pop().unwrap_or_default();
+    Ok((last.names, last.rows))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

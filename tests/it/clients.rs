@@ -30,26 +30,31 @@ async fn psycopg2_node_postgres_and_pgcli() {
         "python3",
         &[&script("pgcli_check.py"), &port],
     );
-    // node-postgres is installed globally by npm (`npm install -g pg`).
+    run_node("node_pg_check.js", &[&port]);
+    psql_watch(server.port).await;
+    server.stop().await;
+}
+
+/// Runs a node-postgres script, `pg` as npm installs it globally (`npm install -g pg`); a
+/// missing node or a failure fails the test.
+pub(crate) fn run_node(name: &str, args: &[&str]) {
     let global = std::process::Command::new("npm")
         .args(["root", "-g"])
         .output()
         .expect("npm must be installed (.ci/run installs nodejs and npm)");
     let node_path = String::from_utf8_lossy(&global.stdout).trim().to_string();
     let out = std::process::Command::new("node")
-        .arg(script("node_pg_check.js"))
-        .arg(&port)
+        .arg(script(name))
+        .args(args)
         .env("NODE_PATH", node_path)
         .output()
         .expect("node must be installed (.ci/run installs nodejs)");
     assert!(
         out.status.success(),
-        "node-postgres check failed (npm install -g pg):\n{}{}",
+        "node-postgres {name} failed (npm install -g pg):\n{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    psql_watch(server.port).await;
-    server.stop().await;
 }
 
 /// psql's `\watch` runs its query again and again (until Ctrl-C): three answers are

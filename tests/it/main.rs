@@ -12,6 +12,7 @@ mod harness;
 mod ingest;
 mod oracle;
 mod property;
+mod replay;
 mod run;
 mod security;
 mod slt;

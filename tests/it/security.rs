@@ -1,6 +1,6 @@
 //! Security over the wire, against real `tidemark serve` processes: roles made with
 //! `CREATE ROLE`, password logins (SCRAM-SHA-256 and md5) from tokio-postgres, psql,
-//! psycopg and pgjdbc, concurrent logins, a read-only role, TLS, cancel and
+//! psycopg 3 and 2, asyncpg, node-postgres and pgjdbc, concurrent logins, a read-only role, TLS, cancel and
 //! `statement_timeout`, and the connection limits.
 
 use std::process::Stdio;
@@ -72,11 +72,27 @@ fn jdbc_login(url: &str, user: &str, password: &str, expect: &str) {
     );
 }
 
-fn psycopg_login(conninfo: &str, expect: &str) {
+/// Logs in with `driver` (psycopg, psycopg2, asyncpg or node-postgres) over TLS verified
+/// against `ca`, or without TLS when `ca` is `-`; `expect` is `plain`, `tls` or the
+/// refusal's SQLSTATE (`driver_login.py`).
+fn driver_login(driver: &str, port: u16, password: &str, ca: &str, expect: &str) {
+    let port = port.to_string();
+    if driver == "node-postgres" {
+        let args = [port.as_str(), "ann", password, ca, expect];
+        return crate::clients::run_node("node_pg_login.js", &args);
+    }
     run_client(
-        "psycopg login (pip install 'psycopg[binary]')",
+        &format!("{driver} login (pip install 'psycopg[binary]' psycopg2-binary asyncpg)"),
         "python3",
-        &[&script("psycopg_login.py"), conninfo, expect],
+        &[
+            &script("driver_login.py"),
+            driver,
+            &port,
+            "ann",
+            password,
+            ca,
+            expect,
+        ],
     );
 }
 
@@ -125,6 +141,20 @@ async fn roles_passwords_privileges_and_tls() {
     for password in ["boss-pw", "ann-pw", "reader-pw"] {
         assert!(!catalog.contains(password), "{password} stored in clear");
     }
+    // A password given already hashed is kept as given: `sam` gets ann's SCRAM secret
+    // (which does not depend on the name), and so ann's password, with no md5 secret.
+    let roles: serde_json::Value = serde_json::from_str(&catalog).unwrap();
+    let ann = roles["roles"]
+        .as_array()
+        .and_then(|all| all.iter().find(|r| r["name"] == "ann"));
+    let scram = ann
+        .and_then(|r| r["password"]["scram"].as_str())
+        .unwrap_or_else(|| panic!("ann's SCRAM secret in {catalog}"))
+        .to_string();
+    admin
+        .batch_execute(&format!("CREATE ROLE sam LOGIN PASSWORD '{scram}'"))
+        .await
+        .unwrap();
     server.stop().await;
 
     // Passwords required, TLS offered.
@@ -301,18 +331,12 @@ async fn roles_passwords_privileges_and_tls() {
         let (ok, text) = psql(&tls, "\\conninfo");
         assert!(ok && text.contains("SSL connection"), "{mode}: {text}");
     }
-    // psycopg: the same, and a wrong password refused.
-    psycopg_login(&plain, "plain");
-    psycopg_login(
-        &format!(
-            "host=localhost port={port} user=ann password=ann-new sslmode=verify-full sslrootcert={ca}"
-        ),
-        "tls",
-    );
-    psycopg_login(
-        &format!("host=127.0.0.1 port={port} user=ann password=bad sslmode=disable"),
-        "password authentication failed",
-    );
+    // The drivers: SCRAM in the clear and over verified TLS, and a wrong password refused.
+    for driver in ["psycopg", "psycopg2", "asyncpg", "node-postgres"] {
+        driver_login(driver, port, "ann-new", "-", "plain");
+        driver_login(driver, port, "ann-new", &ca, "tls");
+        driver_login(driver, port, "bad", "-", "28P01");
+    }
     // pgjdbc: SCRAM, then SCRAM over verified TLS, then a wrong password (28P01).
     let url = format!("jdbc:postgresql://localhost:{port}/tidemark");
     jdbc_login(&format!("{url}?sslmode=disable"), "ann", "ann-new", "ok");
@@ -333,6 +357,21 @@ async fn roles_passwords_privileges_and_tls() {
     );
     assert_eq!(psql(&md5, "SELECT 1"), (true, "1\n".into()));
     let (ok, text) = psql(&md5.replace("ann-new", "ann-pw"), "SELECT 1");
+    assert!(
+        !ok && text.contains("password authentication failed"),
+        "{text}"
+    );
+    for driver in ["psycopg2", "asyncpg", "node-postgres"] {
+        driver_login(driver, server.port, "ann-new", "-", "plain");
+        driver_login(driver, server.port, "ann-pw", "-", "28P01");
+    }
+    // A role with only a SCRAM secret logs in by SCRAM under md5, as in Postgres.
+    let sam = md5.replace("user=ann", "user=sam");
+    assert_eq!(
+        psql(&sam.replace("ann-new", "ann-pw"), "SELECT current_user"),
+        (true, "sam\n".into())
+    );
+    let (ok, text) = psql(&sam, "SELECT 1");
     assert!(
         !ok && text.contains("password authentication failed"),
         "{text}"
@@ -574,5 +613,175 @@ async fn connection_limit_and_idle_session_timeout() {
     let e = ended.expect_err("closed with an error");
     assert_eq!(sqlstate(&e), "57P05", "{e}");
     assert!(started.elapsed() >= Duration::from_secs(1));
+    server.stop().await;
+}
+
+/// The one boolean `sql` answers.
+async fn answer(client: &Client, sql: String) -> Result<bool, tokio_postgres::Error> {
+    client
+        .query_one(&sql, &[])
+        .await
+        .map(|r| r.get::<_, bool>(0))
+}
+
+/// A connection whose end (the error that ended it, if any) is kept, and its pid.
+async fn watched_connection(
+    port: u16,
+    user: &str,
+) -> (
+    Client,
+    i32,
+    tokio::sync::oneshot::Receiver<Option<tokio_postgres::Error>>,
+) {
+    let (client, connection) = tokio_postgres::connect(
+        &format!("host=127.0.0.1 port={port} user={user} password={user}-pw dbname=t"),
+        NoTls,
+    )
+    .await
+    .unwrap();
+    let (ended, end) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let _ = ended.send(connection.await.err());
+    });
+    let pid: i32 = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    (client, pid, end)
+}
+
+/// Superset's "stop query" and an administrator's: `pg_cancel_backend(pid)` stops another
+/// session's running statement (57014) and the session goes on; `pg_terminate_backend(pid)`
+/// ends it, idle or running, with `FATAL 57P01`. Another role may signal only its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_and_terminate_another_backend() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&tmp.path().join("data"), 0, &[]).await;
+    let admin = connect(server.port).await;
+    admin
+        .batch_execute(
+            "CREATE ROLE ann LOGIN PASSWORD 'ann-pw'; CREATE ROLE bob LOGIN PASSWORD 'bob-pw'",
+        )
+        .await
+        .unwrap();
+    let signal = |f: &'static str, pid: i32| format!("SELECT {f}({pid})");
+
+    // A cancel: the running statement stops, the session goes on.
+    let (victim, pid, victim_end) = watched_connection(server.port, "ann").await;
+    let victim = std::sync::Arc::new(victim);
+    let running = {
+        let c = victim.clone();
+        tokio::spawn(async move { c.simple_query(LONG_QUERY).await })
+    };
+    let deadline = Instant::now() + DEADLINE;
+    while !running.is_finished() {
+        assert!(
+            Instant::now() < deadline,
+            "pg_cancel_backend did not stop it"
+        );
+        assert!(
+            answer(&admin, signal("pg_cancel_backend", pid))
+                .await
+                .unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let e = running.await.unwrap().expect_err("cancelled");
+    assert_eq!(sqlstate(&e), "57014", "{e}");
+    let one: i64 = victim.query_one("SELECT 1", &[]).await.unwrap().get(0);
+    assert_eq!(one, 1);
+
+    // Another role may not signal ann's session; ann may signal her own.
+    let (bob, _, _) = watched_connection(server.port, "bob").await;
+    for f in ["pg_cancel_backend", "pg_terminate_backend"] {
+        let e = answer(&bob, signal(f, pid)).await.unwrap_err();
+        assert_eq!(sqlstate(&e), "42501", "{f}: {e}");
+    }
+    let (ann2, _, _) = watched_connection(server.port, "ann").await;
+    assert!(
+        answer(&ann2, signal("pg_cancel_backend", pid))
+            .await
+            .unwrap()
+    );
+    // No such session: false, as in Postgres.
+    assert!(
+        !answer(&admin, signal("pg_terminate_backend", 0))
+            .await
+            .unwrap()
+    );
+
+    // Terminating an idle session: its connection ends with 57P01.
+    assert!(
+        answer(&admin, signal("pg_terminate_backend", pid))
+            .await
+            .unwrap()
+    );
+    let e = tokio::time::timeout(DEADLINE, victim_end)
+        .await
+        .expect("the terminated connection ends")
+        .unwrap()
+        .expect("an error ends it");
+    assert_eq!(sqlstate(&e), "57P01", "{e}");
+    assert_eq!(
+        e.as_db_error().unwrap().message(),
+        "terminating connection due to administrator command"
+    );
+    assert!(victim.is_closed());
+
+    // Terminating a session while its statement runs: the statement stops, then the
+    // connection ends.
+    let (busy, busy_pid, busy_end) = watched_connection(server.port, "bob").await;
+    let busy = std::sync::Arc::new(busy);
+    let running = {
+        let c = busy.clone();
+        tokio::spawn(async move { c.simple_query(LONG_QUERY).await })
+    };
+    poll("bob's statement to run", || async {
+        let rows = admin
+            .query(
+                "SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND state = 'active'",
+                &[&busy_pid],
+            )
+            .await
+            .unwrap();
+        (!rows.is_empty()).then_some(())
+    })
+    .await;
+    assert!(
+        answer(&admin, signal("pg_terminate_backend", busy_pid))
+            .await
+            .unwrap()
+    );
+    let e = tokio::time::timeout(DEADLINE, running)
+        .await
+        .expect("the running statement ends")
+        .unwrap()
+        .expect_err("terminated");
+    let ended = tokio::time::timeout(DEADLINE, busy_end)
+        .await
+        .expect("the connection ends")
+        .unwrap();
+    let codes: Vec<String> = [Some(&e), ended.as_ref()]
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.as_db_error().map(|d| d.code().code().to_string()))
+        .collect();
+    assert!(codes.contains(&"57P01".to_string()), "{codes:?} {e}");
+    // Gone from pg_stat_activity.
+    poll(
+        "the terminated sessions to leave pg_stat_activity",
+        || async {
+            let rows = admin
+                .query(
+                    "SELECT 1 FROM pg_stat_activity WHERE pid = $1 OR pid = $2",
+                    &[&pid, &busy_pid],
+                )
+                .await
+                .unwrap();
+            rows.is_empty().then_some(())
+        },
+    )
+    .await;
     server.stop().await;
 }

@@ -87,7 +87,8 @@ async fn extended_protocol_types_errors_and_psql() {
         .batch_execute(
             "CREATE MATERIALIZED VIEW page_views AS \
              SELECT page, count(*) AS views FROM clicks GROUP BY page; \
-             FLUSH MATERIALIZED VIEW page_views",
+             FLUSH MATERIALIZED VIEW page_views; \
+             CREATE TABLE pages (page TEXT PRIMARY KEY, title TEXT)",
         )
         .await
         .unwrap();
@@ -150,6 +151,12 @@ async fn extended_protocol_types_errors_and_psql() {
             "-c",
             "\\dn",
             "-c",
+            "\\dn+",
+            "-c",
+            "\\d pages",
+            "-c",
+            "\\di",
+            "-c",
             "\\x",
             "-c",
             "SELECT 6 * 7 AS answer",
@@ -209,6 +216,21 @@ async fn extended_protocol_types_errors_and_psql() {
         assert!(
             stdout.contains("List of schemas") && stdout.contains(" public "),
             "\\dn output:\n{stdout}"
+        );
+        // \du: no memberships is `{}`, as Postgres prints it; \dn+: Postgres's line on
+        // public; \d of a table with a key, and \di: the key's index.
+        assert!(stdout.contains("| {}"), "\\du output:\n{stdout}");
+        assert!(
+            stdout.contains("| standard public schema"),
+            "\\dn+ output:\n{stdout}"
+        );
+        assert!(
+            stdout.contains("Indexes:\n    \"pages_pkey\" PRIMARY KEY, btree (page)"),
+            "\\d pages output:\n{stdout}"
+        );
+        assert!(
+            stdout.contains("pages_pkey | index |"),
+            "\\di output:\n{stdout}"
         );
         assert!(
             stdout.contains("-[ RECORD 1 ]") && stdout.contains("answer | 42"),
