@@ -808,6 +808,19 @@ impl SchemaProvider for PgCatalog {
                     })))
                 }))
             }
+            "pg_stat_user_tables" => {
+                let (Some(class), Some(inner)) =
+                    (self.pg_class().await?, self.inner.table(name).await?)
+                else {
+                    return Ok(None);
+                };
+                Ok(Some(Arc::new(Patched(Arc::new(PgStatUserTables {
+                    inner,
+                    class,
+                    public: self.public.clone(),
+                    relations: self.relations.clone(),
+                })))))
+            }
             "pg_database" => Ok(self.inner.table(name).await?.map(|inner| {
                 Arc::new(Patched(Arc::new(PgDatabase { inner }))) as Arc<dyn TableProvider>
             })),
@@ -1332,6 +1345,65 @@ impl Patch for PgDescription {
             .collect::<std::result::Result<Vec<_>, _>>()?;
         batches.push(RecordBatch::try_new(schema.clone(), columns)?);
         Ok(batches)
+    }
+}
+
+/// `pg_stat_user_tables`: a row per relation of schema `public` (datafusion-postgres's is
+/// empty), `relid` joining `pg_class.oid`. `n_live_tup` (Metabase's row estimate) is a
+/// materialized view's row count, or what a relation's statistics know; a Delta table's or
+/// a stream's is not counted (0, as Postgres shows before its statistics are gathered).
+/// The scan and vacuum counters are 0, their times NULL: Tidemark keeps no such counts.
+#[derive(Debug)]
+struct PgStatUserTables {
+    inner: Arc<dyn TableProvider>,
+    class: Arc<PgClass>,
+    public: Arc<dyn SchemaProvider>,
+    relations: Arc<Relations>,
+}
+
+#[async_trait]
+impl Patch for PgStatUserTables {
+    fn inner(&self) -> &Arc<dyn TableProvider> {
+        &self.inner
+    }
+
+    async fn batches(&self, state: &dyn Session) -> Result<Vec<RecordBatch>> {
+        // Refreshes the relations' oids.
+        self.class.batches(state).await?;
+        let mut rows: Vec<(i32, String, i64)> = Vec::new();
+        let mut names = self.public.table_names();
+        names.sort();
+        for name in names {
+            let (Some(oid), Some(table)) = (
+                self.relations.public_oid(&name),
+                self.public.table(&name).await?,
+            ) else {
+                continue;
+            };
+            let live = match table.downcast_ref::<ViewTable>() {
+                Some(view) => Some(view.snapshot().num_rows()),
+                None => table
+                    .statistics()
+                    .and_then(|s| s.num_rows.get_value().copied()),
+            };
+            let live = live.map_or(0, |n| i64::try_from(n).unwrap_or(i64::MAX));
+            rows.push((oid, name, live));
+        }
+        let n = rows.len();
+        let batch = batch_by_name(&self.inner.schema(), n, |column| {
+            Some(match column {
+                "relid" => Arc::new(Int32Array::from_iter_values(rows.iter().map(|r| r.0))),
+                "schemaname" => Arc::new(StringArray::from(vec!["public"; n])),
+                "relname" => Arc::new(StringArray::from_iter_values(
+                    rows.iter().map(|r| r.1.as_str()),
+                )),
+                "n_live_tup" => Arc::new(datafusion::arrow::array::Int64Array::from_iter_values(
+                    rows.iter().map(|r| r.2),
+                )),
+                _ => return None,
+            })
+        })?;
+        Ok(vec![batch])
     }
 }
 

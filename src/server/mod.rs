@@ -263,6 +263,29 @@ fn starts_with_keyword(sql: &str, keyword: &str) -> bool {
         && t[keyword.len()..].starts_with(|c: char| c.is_whitespace())
 }
 
+/// The command tag Postgres answers a DDL statement DataFusion runs (`CREATE VIEW`,
+/// `DROP SCHEMA`): DataFusion answers those with an empty result, which psql would print
+/// as a table of no columns.
+fn ddl_tag(sql: &str) -> Option<String> {
+    let words: Vec<String> = sql
+        .split_whitespace()
+        .take(6)
+        .map(str::to_ascii_uppercase)
+        .collect();
+    let verb = words.first()?;
+    if !matches!(verb.as_str(), "CREATE" | "DROP" | "ALTER") {
+        return None;
+    }
+    let object = words[1..]
+        .iter()
+        .find(|w| !matches!(w.as_str(), "OR" | "REPLACE" | "TEMP" | "TEMPORARY"))?;
+    let object: String = object
+        .chars()
+        .take_while(|c| c.is_ascii_alphabetic())
+        .collect();
+    (!object.is_empty()).then(|| format!("{verb} {object}"))
+}
+
 /// Runs a planned query, its rows encoded for the wire as they come.
 fn encode_plan<C: ClientInfo>(
     client: &C,
@@ -524,8 +547,19 @@ impl SimpleQueryHandler for TidemarkService {
                 .await
                 .map_err(classify_pg_error)
                 .map(|responses| {
+                    let aligned = responses.len() == pieces.len();
                     responses
                         .into_iter()
+                        .enumerate()
+                        .map(|(i, r)| match (aligned, r) {
+                            (true, Response::Query(q)) if q.row_schema.is_empty() => {
+                                match ddl_tag(pieces[i].text()) {
+                                    Some(tag) => Response::Execution(Tag::new(&tag)),
+                                    None => Response::Query(q),
+                                }
+                            }
+                            (_, r) => r,
+                        })
                         .map(|r| interrupt::response_until(r, stop.clone()))
                         .collect()
                 });
@@ -807,5 +841,29 @@ impl ExtendedQueryHandler for TidemarkService {
             self.plans.invalidate();
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ddl_tag;
+
+    #[test]
+    fn ddl_answers_postgres_command_tags() {
+        assert_eq!(
+            ddl_tag("CREATE VIEW v AS SELECT 1").as_deref(),
+            Some("CREATE VIEW")
+        );
+        assert_eq!(
+            ddl_tag("create or replace temp view v as select 1").as_deref(),
+            Some("CREATE VIEW")
+        );
+        assert_eq!(
+            ddl_tag("DROP VIEW IF EXISTS v").as_deref(),
+            Some("DROP VIEW")
+        );
+        assert_eq!(ddl_tag("drop schema s;").as_deref(), Some("DROP SCHEMA"));
+        assert_eq!(ddl_tag("SELECT 1"), None);
+        assert_eq!(ddl_tag("CREATE"), None);
     }
 }

@@ -157,6 +157,10 @@ async fn extended_protocol_types_errors_and_psql() {
             "-c",
             "\\di",
             "-c",
+            "CREATE VIEW page_titles AS SELECT page, title FROM pages",
+            "-c",
+            "\\dv",
+            "-c",
             "\\x",
             "-c",
             "SELECT 6 * 7 AS answer",
@@ -231,6 +235,12 @@ async fn extended_protocol_types_errors_and_psql() {
         assert!(
             stdout.contains("pages_pkey | index |"),
             "\\di output:\n{stdout}"
+        );
+        // A plain view: Postgres's command tag, and \dv lists it.
+        assert!(stdout.contains("\nCREATE VIEW\n"), "CREATE VIEW:\n{stdout}");
+        assert!(
+            stdout.contains("page_titles | view"),
+            "\\dv output:\n{stdout}"
         );
         assert!(
             stdout.contains("-[ RECORD 1 ]") && stdout.contains("answer | 42"),
