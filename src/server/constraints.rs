@@ -25,6 +25,7 @@ use datafusion::logical_expr::{
 };
 
 use super::catalog::{Patch, PgClass, Relations, batch_by_name, collect_all, oid_of_name};
+use super::rewrite::quote_ident;
 use crate::engine::Engine;
 
 /// One table's primary key.
@@ -325,23 +326,6 @@ impl KeyDef {
                 .and_then(|i| self.columns.get(i))
                 .map(|c| quote_ident(c)),
         }
-    }
-}
-
-/// An identifier as Postgres's `quote_ident` writes it: as it is when it is lower case
-/// letters, digits and underscores not starting with a digit, otherwise double-quoted.
-fn quote_ident(name: &str) -> String {
-    let plain = name
-        .chars()
-        .next()
-        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if plain {
-        name.to_string()
-    } else {
-        format!("\"{}\"", name.replace('"', "\"\""))
     }
 }
 

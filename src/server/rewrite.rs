@@ -1144,9 +1144,9 @@ fn set_as_text(stmt: &datafusion::sql::sqlparser::ast::Statement) -> Option<Stri
     let items: Vec<String> = values
         .iter()
         .map(|v| match v {
-            Expr::Identifier(ident) => Some(quote_setting_item(&ident.value)),
+            Expr::Identifier(ident) => Some(quote_ident(&ident.value)),
             Expr::Value(v) => match &v.value {
-                Value::SingleQuotedString(s) => Some(quote_setting_item(s)),
+                Value::SingleQuotedString(s) => Some(quote_ident(s)),
                 _ => None,
             },
             _ => None,
@@ -1156,9 +1156,10 @@ fn set_as_text(stmt: &datafusion::sql::sqlparser::ast::Statement) -> Option<Stri
     Some(format!("SET {name} = '{list}'"))
 }
 
-/// A schema name in `search_path` as `SHOW` prints it: bare when it is a plain lower-case
-/// name, double-quoted otherwise (`"$user"`).
-fn quote_setting_item(name: &str) -> String {
+/// An identifier as Postgres's `quote_ident` writes it (and `SHOW search_path` a schema's
+/// name): as it is when it is lower-case letters, digits and underscores not starting with
+/// a digit, otherwise double-quoted (`"$user"`, `"Line No"`).
+pub(super) fn quote_ident(name: &str) -> String {
     let plain = name
         .chars()
         .next()

@@ -186,18 +186,48 @@ async fn rows(client: &Client, sql: &str) -> Result<Rows, String> {
     Ok((last.names, last.rows))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn catalog_queries_answer_as_postgres_answers() {
+/// Tidemark and a PostgreSQL cluster of its own, each after `setup`, connected as user and
+/// database `postgres` (the one database a fresh cluster has).
+pub(crate) struct SideBySide {
+    pub server: TestServer,
+    pub tidemark: Client,
+    pub pg: Client,
+    pub _postgres: Postgres,
+    pub _dir: tempfile::TempDir,
+}
+
+/// Starts both, or `None` where PostgreSQL is not installed outside CI.
+pub(crate) async fn side_by_side(setup: &[&str]) -> Option<SideBySide> {
     let dir = tempfile::tempdir().unwrap();
-    let Some(postgres) = Postgres::start(dir.path()) else {
-        return;
-    };
+    let postgres = Postgres::start(dir.path())?;
     let server = TestServer::start(&dir.path().join("data"), 0, &[]).await;
-    // Both as user and database `postgres`: the one database a fresh cluster has.
     let tidemark = connect_as(server.port, "postgres").await;
     let pg = postgres.connect().await;
-    tidemark.batch_execute(TABLE).await.unwrap();
-    pg.batch_execute(TABLE).await.unwrap();
+    for sql in setup {
+        tidemark.batch_execute(sql).await.unwrap();
+        pg.batch_execute(sql).await.unwrap();
+    }
+    Some(SideBySide {
+        server,
+        tidemark,
+        pg,
+        _postgres: postgres,
+        _dir: dir,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catalog_queries_answer_as_postgres_answers() {
+    let Some(SideBySide {
+        server,
+        tidemark,
+        pg,
+        _postgres,
+        _dir,
+    }) = side_by_side(&[TABLE]).await
+    else {
+        return;
+    };
     let mut mismatches = Vec::new();
     for (sql, agree) in CASES {
         let theirs = rows(&pg, sql).await;

@@ -9,8 +9,7 @@
 //! substitutes each server's own ids for `{ns}` (schema `public`) and `{rel}` (table
 //! `dims`), and compares names rather than ids.
 
-use crate::catalog::{ResultSet, result_sets};
-use crate::harness::{Postgres, TestServer, connect_as};
+use crate::catalog::{ResultSet, SideBySide, result_sets, side_by_side};
 use tokio_postgres::Client;
 use tokio_postgres::types::Type;
 
@@ -489,17 +488,16 @@ async fn answer(client: &Client, sql: &str) -> Result<ResultSet, String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bi_tools_catalog_queries_answer_as_postgres_answers() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(postgres) = Postgres::start(dir.path()) else {
+    let Some(SideBySide {
+        server,
+        tidemark,
+        pg,
+        _postgres,
+        _dir,
+    }) = side_by_side(SETUP).await
+    else {
         return;
     };
-    let server = TestServer::start(&dir.path().join("data"), 0, &[]).await;
-    let tidemark = connect_as(server.port, "postgres").await;
-    let pg = postgres.connect().await;
-    for sql in SETUP {
-        tidemark.batch_execute(sql).await.unwrap();
-        pg.batch_execute(sql).await.unwrap();
-    }
     let (our_ids, their_ids) = (ids(&tidemark).await, ids(&pg).await);
     let mut failures = Vec::new();
     for replay in REPLAYS {
