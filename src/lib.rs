@@ -5,11 +5,13 @@
 //!
 //! - [`server`]: the Postgres wire (pgwire through datafusion-postgres); splits query
 //!   strings, runs Tidemark's statements on the engine, delegates the rest.
+//! - [`http`]: `--http`: Prometheus metrics, the queries as JSON, the live dashboard.
 //! - [`sql`]: statement splitting, Tidemark's statements, options, SQL types.
 //! - [`auth`]: roles, stored passwords (SCRAM-SHA-256, md5) and the proof of a login.
 //! - [`catalog`]: streams and sinks as declared, durable in `catalog.json`.
 //! - [`engine`]: executes statements, runs one trigger loop per sink, keeps status and
-//!   progress, exposes `tidemark.queries` and `tidemark.progress`.
+//!   progress, exposes `tidemark.queries`, `tidemark.progress`, `tidemark.sources` and
+//!   `tidemark.state_operators`, posts listener events.
 //! - [`source`]: the file source (listing, reading JSON/CSV/Parquet/text into Arrow).
 //! - [`sink`]: the Delta Lake sink, idempotent by (query id, batch id).
 //! - [`state`]: state stores of stateful operators (in memory with durable deltas).
@@ -29,6 +31,7 @@ pub mod engine;
 pub mod error;
 pub mod format;
 pub mod fsutil;
+pub mod http;
 pub mod server;
 pub mod sink;
 pub mod source;

@@ -43,6 +43,14 @@ struct Cli {
     /// Close a session idle (outside a transaction) this many seconds (0: never).
     #[arg(long, global = true, default_value_t = 0)]
     idle_session_timeout: u64,
+    /// The address of the HTTP server (metrics, API, dashboard), or `off`
+    /// [default: 127.0.0.1:8433; if that port is taken, the server starts without it].
+    #[arg(long, global = true)]
+    http: Option<String>,
+    /// How log lines are written: `text` for people, `json` (one object a line) for log
+    /// shippers.
+    #[arg(long, global = true, default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -64,13 +72,16 @@ const DEFAULT_LOG_FILTER: &str =
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER)),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if cli.log_format == "json" {
+        logs.json().with_current_span(false).init();
+    } else {
+        logs.init();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -84,7 +95,16 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             None | Some(Command::Serve) => match server_options(&cli) {
-                Ok(options) => serve(&cli.data_dir, &cli.listen, options, cli.insecure).await,
+                Ok(options) => {
+                    serve(
+                        &cli.data_dir,
+                        &cli.listen,
+                        cli.http.as_deref(),
+                        options,
+                        cli.insecure,
+                    )
+                    .await
+                }
                 Err(e) => Err(e),
             },
             Some(Command::Run { file }) => run_script(&cli.data_dir, &file).await,
@@ -118,14 +138,37 @@ fn server_options(cli: &Cli) -> Result<ServerOptions, Error> {
     })
 }
 
+/// The HTTP server's address when `--http` is not given.
+const DEFAULT_HTTP: &str = "127.0.0.1:8433";
+
 async fn serve(
     data_dir: &Path,
     listen: &str,
+    http: Option<&str>,
     options: ServerOptions,
     insecure: bool,
 ) -> Result<(), Error> {
+    // The recorder first, so that every metric from the start is kept.
+    tidemark::http::recorder();
+    tidemark::server::describe_metrics();
     let engine = Engine::open(data_dir).await?;
     tidemark::server::prepare_session(&engine)?;
+    let http = match http {
+        Some("off") => None,
+        Some(addr) => Some(
+            tidemark::http::bind(addr)
+                .await
+                .map_err(|e| Error::io(format!("listening for HTTP on {addr}"), e))?,
+        ),
+        None => match tidemark::http::bind(DEFAULT_HTTP).await {
+            Ok(bound) => Some(bound),
+            Err(e) => {
+                tracing::warn!(addr = DEFAULT_HTTP, error = %e,
+                    "the HTTP server (metrics, dashboard) is off: its default address is taken; pass --http ADDR");
+                None
+            }
+        },
+    };
     let listener = TcpListener::bind(listen)
         .await
         .map_err(|e| Error::io(format!("listening on {listen}"), e))?;
@@ -152,12 +195,28 @@ async fn serve(
         );
     }
     engine.start_sinks().await;
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    if let Some((listener, http_addr)) = http {
+        tracing::info!(addr = %http_addr, "dashboard and metrics at http://{http_addr}/");
+        // Tests read this line to learn the HTTP port when it is 0.
+        println!("http on {http_addr}");
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            let stopped = async move {
+                let _ = http_stopped.await;
+            };
+            if let Err(e) = tidemark::http::serve(listener, engine, stopped).await {
+                tracing::warn!(error = %e, "the HTTP server stopped");
+            }
+        });
+    }
     tracing::info!(%addr, data_dir = %engine.data_dir().display(), "tidemark is ready");
     // Tests read this line to learn the port when listening on port 0.
     println!("listening on {addr}");
     tidemark::server::run(listener, engine.clone(), options, shutdown_signal())
         .await
         .map_err(|e| Error::io("serving", e))?;
+    let _ = stop_http.send(());
     tracing::info!("shutting down: stopping streaming queries after their current batch");
     engine.shutdown().await;
     Ok(())
@@ -195,7 +254,118 @@ async fn run_script(data_dir: &Path, file: &Path) -> Result<(), Error> {
     result
 }
 
+/// Shows the progress of `tidemark run`'s bounded sinks until dropped: on a terminal, a
+/// bar per sink (what it has read out of what it has read plus its backlog, the rate, the
+/// time left, the batch and the watermark); otherwise a plain line per batch.
+fn show_progress(
+    engine: &Engine,
+    mut finished: tokio::sync::oneshot::Receiver<()>,
+) -> tokio::task::JoinHandle<()> {
+    use std::collections::BTreeMap;
+    use std::io::IsTerminal;
+    use tidemark::engine::progress::ListenerEvent;
+    let mut events = engine.registry().events();
+    let tty = std::io::stderr().is_terminal();
+    tokio::spawn(async move {
+        let bars = indicatif::MultiProgress::new();
+        let style = indicatif::ProgressStyle::with_template(
+            "{prefix:>12} [{bar:30}] {pos}/{len} {msg} ({per_sec}, {eta} left)",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> ");
+        // Per sink: its bar, and what it has read so far (files, rows).
+        let mut sinks: BTreeMap<String, (indicatif::ProgressBar, u64, u64)> = BTreeMap::new();
+        let mut draining = false;
+        loop {
+            use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+            // Once the script is done, what was posted before is still shown.
+            let event = if draining {
+                match events.try_recv() {
+                    Ok(e) => e,
+                    Err(TryRecvError::Lagged(_)) => continue,
+                    Err(_) => return,
+                }
+            } else {
+                tokio::select! {
+                    e = events.recv() => match e {
+                        Ok(e) => e,
+                        Err(RecvError::Lagged(_)) => continue,
+                        Err(_) => return,
+                    },
+                    _ = &mut finished => {
+                        draining = true;
+                        continue;
+                    }
+                }
+            };
+            let ListenerEvent::Progress(p) = event else {
+                if let ListenerEvent::Terminated { name, .. } = &event
+                    && let Some((bar, _, _)) = sinks.get(name)
+                {
+                    bar.finish();
+                }
+                continue;
+            };
+            let (bar, files, rows) = sinks.entry(p.name.clone()).or_insert_with(|| {
+                let bar = bars.add(indicatif::ProgressBar::new(0));
+                bar.set_style(style.clone());
+                bar.set_prefix(p.name.clone());
+                if !tty {
+                    bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+                }
+                (bar, 0, 0)
+            });
+            *files += p.source_metric_sum("numFilesRead").unwrap_or(0) as u64;
+            *rows += p.num_input_rows;
+            let watermark = p
+                .event_time
+                .as_ref()
+                .map(|e| {
+                    format!(
+                        ", watermark {}",
+                        tidemark::engine::progress::format_ts(e.watermark)
+                    )
+                })
+                .unwrap_or_default();
+            let (done, left, unit) = match (
+                p.source_metric_sum("numFilesOutstanding"),
+                p.source_metric_sum("numRowsOutstanding"),
+            ) {
+                (Some(f), _) => (*files, f as u64, "files"),
+                (None, Some(r)) => (*rows, r as u64, "rows"),
+                (None, None) => (*rows, 0, "rows"),
+            };
+            let message = format!("{unit}, batch {}{watermark}", p.batch_id.get());
+            if tty {
+                bar.set_length(done + left);
+                bar.set_position(done);
+                bar.set_message(message);
+            } else {
+                // A log line, so that `--log-format json` keeps stderr one object a line.
+                tracing::info!(
+                    query = %p.name,
+                    batch = p.batch_id.get(),
+                    rows = p.num_input_rows,
+                    done,
+                    left,
+                    unit,
+                    "progress: {done} {unit} read, {left} left{watermark}"
+                );
+            }
+        }
+    })
+}
+
 async fn run_statements(engine: &Engine, text: &str) -> Result<(), Error> {
+    let (finished, done) = tokio::sync::oneshot::channel();
+    let progress = show_progress(engine, done);
+    let result = run_statements_inner(engine, text).await;
+    let _ = finished.send(());
+    let _ = progress.await;
+    result
+}
+
+async fn run_statements_inner(engine: &Engine, text: &str) -> Result<(), Error> {
     let mut bounded = Vec::new();
     for piece in split(text) {
         match piece {

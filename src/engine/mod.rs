@@ -7,6 +7,7 @@ pub mod aggregate;
 pub mod dedup;
 mod delta_tables;
 pub mod join;
+pub mod metrics;
 pub mod operator;
 pub mod plan;
 pub mod progress;
@@ -46,7 +47,7 @@ use aggregate::OutputMode;
 use plan::{DedupMode, StateConfig};
 use progress::{QueryStatus, Registry, Status};
 use query::{Outcome, QueryTask, StopReason};
-use tables::{SystemTable, TableStreamTable, queries_batch, queries_schema};
+use tables::{SystemTable, TableStreamTable, last_progress_batch, queries_batch, queries_schema};
 
 /// What a statement returns.
 #[derive(Debug)]
@@ -126,6 +127,14 @@ impl Engine {
         engine.ctx.register_table(
             TableReference::partial("tidemark", "progress"),
             Arc::new(SystemTable::progress(registry.clone())),
+        )?;
+        engine.ctx.register_table(
+            TableReference::partial("tidemark", "sources"),
+            Arc::new(SystemTable::sources(registry.clone())),
+        )?;
+        engine.ctx.register_table(
+            TableReference::partial("tidemark", "state_operators"),
+            Arc::new(SystemTable::state_operators(registry.clone())),
         )?;
         let schema = options_schema();
         engine.ctx.register_table(
@@ -316,6 +325,16 @@ impl Engine {
                 let batch = queries_batch(&self.registry.all(), &schema)?;
                 Ok(Output::Rows(schema, vec![batch]))
             }
+            TidemarkStatement::ShowProgress(name) => {
+                if self.registry.get(&name).is_none() {
+                    return Err(Error::UndefinedObject {
+                        kind: "query",
+                        name,
+                    });
+                }
+                let batch = last_progress_batch(self.registry.last_progress(&name).as_ref())?;
+                Ok(Output::Rows(batch.schema(), vec![batch]))
+            }
             TidemarkStatement::ShowOptions => {
                 let schema = options_schema();
                 let batch = options_batch(&schema)?;
@@ -374,6 +393,12 @@ impl Engine {
                 "COPY {} FROM STDIN needs a client that sends the data (psql's \\copy, a driver)",
                 c.table
             ))),
+            // A session's: answered by the wire, which delivers notifications.
+            TidemarkStatement::Listen(_)
+            | TidemarkStatement::Unlisten(_)
+            | TidemarkStatement::Notify { .. } => Err(Error::unsupported(
+                "LISTEN, UNLISTEN and NOTIFY need a client connection".to_string(),
+            )),
         }
     }
 
@@ -1390,6 +1415,7 @@ pub fn result_schema(stmt: &TidemarkStatement) -> Option<SchemaRef> {
         TidemarkStatement::ShowSinks => Some(sinks_schema()),
         TidemarkStatement::ShowViews => Some(views_schema()),
         TidemarkStatement::ShowQueries => Some(queries_schema()),
+        TidemarkStatement::ShowProgress(_) => last_progress_batch(None).ok().map(|b| b.schema()),
         TidemarkStatement::ShowOptions => Some(options_schema()),
         TidemarkStatement::ExplainCreateSink(_) => Some(explain_schema()),
         TidemarkStatement::Optimize { .. } => Some(optimize_schema()),

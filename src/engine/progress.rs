@@ -8,13 +8,21 @@ use std::sync::{Arc, RwLock};
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 use uuid::Uuid;
 
 use crate::types::BatchId;
 
-/// How many progress reports are kept per query.
+/// Spark's `numRecentProgressUpdates`: after each report, the oldest go while this many
+/// are kept, so at most 99 are (spec §12.3).
 pub const RECENT_PROGRESS: usize = 100;
+
+/// Spark's `noDataProgressEventInterval`: an idle trigger's report is kept only this long
+/// after the last kept report (spec §12.3).
+pub const IDLE_REPORT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The largest payload Postgres's `NOTIFY` carries (its limit is 8000 bytes, less one).
+pub const NOTIFY_PAYLOAD_LIMIT: usize = 7999;
 
 /// Status of a query as `SHOW QUERIES` shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +64,12 @@ pub struct QueryStatus {
     pub triggers: u64,
     /// The trigger number of the last trigger that found no new data.
     pub last_idle_trigger: u64,
+    /// The running plan, as `EXPLAIN CREATE SINK` prints it; known once the run starts.
+    pub plan: Vec<String>,
+    /// The checkpoint directory.
+    pub checkpoint: Option<String>,
+    /// When this run started.
+    pub started_at: Option<DateTime<Utc>>,
 }
 
 impl QueryStatus {
@@ -70,6 +84,9 @@ impl QueryStatus {
             error: None,
             triggers: 0,
             last_idle_trigger: 0,
+            plan: Vec::new(),
+            checkpoint: None,
+            started_at: None,
         }
     }
 }
@@ -162,6 +179,53 @@ pub struct StateOperatorProgress {
     pub custom_metrics: std::collections::BTreeMap<String, u64>,
 }
 
+/// End-to-end latency of a batch's rows, ms: from each row's arrival in its source (its
+/// file's modification time; its `INSERT` or `COPY` acknowledged) to the sink's commit.
+/// Nearest-rank percentiles over rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LatencyMs {
+    pub p50: i64,
+    pub p95: i64,
+    pub p99: i64,
+    pub max: i64,
+}
+
+/// The latency percentiles of rows that arrived at `arrivals` and were committed at
+/// `committed_ms`; `None` without rows of known arrival.
+pub fn latency_percentiles(
+    arrivals: &[crate::source::Arrival],
+    committed_ms: i64,
+) -> Option<LatencyMs> {
+    let mut by_latency: Vec<(i64, u64)> = arrivals
+        .iter()
+        .filter(|a| a.rows > 0)
+        .map(|a| ((committed_ms - a.at_ms).max(0), a.rows))
+        .collect();
+    let total: u64 = by_latency.iter().map(|(_, n)| n).sum();
+    if total == 0 {
+        return None;
+    }
+    by_latency.sort_unstable();
+    let rank = |q: f64| {
+        // The smallest latency whose rows, with all shorter ones, reach q of the rows.
+        let need = ((q * total as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for &(ms, n) in &by_latency {
+            seen += n;
+            if seen >= need {
+                return ms;
+            }
+        }
+        by_latency.last().map_or(0, |l| l.0)
+    };
+    Some(LatencyMs {
+        p50: rank(0.50),
+        p95: rank(0.95),
+        p99: rank(0.99),
+        max: rank(1.0),
+    })
+}
+
 /// A progress report, serialized in Spark's `StreamingQueryProgress` key order.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -185,11 +249,129 @@ pub struct Progress {
     pub state_operators: Vec<StateOperatorProgress>,
     pub sources: Vec<SourceProgress>,
     pub sink: SinkProgress,
+    /// Beyond Spark: the batch's end-to-end latency; absent when no row's arrival is known
+    /// (idle and no-data batches, generated sources).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end_to_end_latency_ms: Option<LatencyMs>,
+    /// Beyond Spark: the wall clock at the report less the watermark, ms; absent without a
+    /// watermark or before the first one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watermark_lag_ms: Option<i64>,
+    /// The report of an idle trigger (spec §12.6), not of a batch.
+    #[serde(skip)]
+    pub idle: bool,
 }
 
 impl Progress {
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_default()
+    }
+
+    pub fn to_pretty_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// The sum of a metric over the sources; `None` if no source reports it.
+    pub fn source_metric_sum(&self, name: &str) -> Option<i64> {
+        let values: Vec<i64> = self
+            .sources
+            .iter()
+            .filter_map(|s| s.metrics.get(name)?.parse().ok())
+            .collect();
+        (!values.is_empty()).then(|| values.iter().sum())
+    }
+}
+
+/// One of Spark's `StreamingQueryListener` events (spec §12.5).
+#[derive(Debug, Clone)]
+pub enum ListenerEvent {
+    Started {
+        id: Uuid,
+        run_id: Uuid,
+        name: String,
+        timestamp: DateTime<Utc>,
+    },
+    Progress(Arc<Progress>),
+    Idle {
+        id: Uuid,
+        run_id: Uuid,
+        name: String,
+        timestamp: DateTime<Utc>,
+    },
+    Terminated {
+        id: Uuid,
+        run_id: Uuid,
+        name: String,
+        exception: Option<String>,
+    },
+}
+
+impl ListenerEvent {
+    /// The query's name.
+    pub fn name(&self) -> &str {
+        match self {
+            ListenerEvent::Started { name, .. }
+            | ListenerEvent::Idle { name, .. }
+            | ListenerEvent::Terminated { name, .. } => name,
+            ListenerEvent::Progress(p) => &p.name,
+        }
+    }
+
+    /// `started`, `progress`, `idle` or `terminated`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ListenerEvent::Started { .. } => "started",
+            ListenerEvent::Progress(_) => "progress",
+            ListenerEvent::Idle { .. } => "idle",
+            ListenerEvent::Terminated { .. } => "terminated",
+        }
+    }
+
+    /// The event as Spark's `event.json` has it, with its kind under `event` and the
+    /// query's name added to every kind.
+    pub fn to_json(&self) -> serde_json::Value {
+        use serde_json::json;
+        match self {
+            ListenerEvent::Started {
+                id,
+                run_id,
+                name,
+                timestamp,
+            } => json!({"event": "started", "id": id, "runId": run_id, "name": name,
+                        "timestamp": format_ts(*timestamp)}),
+            ListenerEvent::Progress(p) => json!({"event": "progress", "progress": **p}),
+            ListenerEvent::Idle {
+                id,
+                run_id,
+                name,
+                timestamp,
+            } => json!({"event": "idle", "id": id, "runId": run_id, "name": name,
+                        "timestamp": format_ts(*timestamp)}),
+            ListenerEvent::Terminated {
+                id,
+                run_id,
+                name,
+                exception,
+            } => json!({"event": "terminated", "id": id, "runId": run_id, "name": name,
+                        "exception": exception, "errorClassOnException": null}),
+        }
+    }
+
+    /// The `NOTIFY` payload: the JSON, or for a progress report longer than Postgres's
+    /// limit a summary that says how to read the whole (`SHOW PROGRESS name`).
+    pub fn payload(&self) -> String {
+        let full = self.to_json().to_string();
+        match self {
+            ListenerEvent::Progress(p) if full.len() > NOTIFY_PAYLOAD_LIMIT => serde_json::json!({
+                "event": "progress", "truncated": true,
+                "id": p.id, "runId": p.run_id, "name": p.name,
+                "batchId": p.batch_id, "timestamp": format_ts(p.timestamp),
+                "numInputRows": p.num_input_rows,
+                "batchDuration": p.batch_duration,
+            })
+            .to_string(),
+            _ => full,
+        }
     }
 }
 
@@ -226,6 +408,8 @@ pub struct Registry {
     progress: RwLock<HashMap<String, VecDeque<Progress>>>,
     /// Bumped on every change; waiters (`FLUSH`, `tidemark run`) watch it.
     changed: watch::Sender<u64>,
+    /// Listener events, to every subscriber (the wire's `LISTEN`, `tidemark run`).
+    events: broadcast::Sender<ListenerEvent>,
 }
 
 impl Default for Registry {
@@ -234,6 +418,7 @@ impl Default for Registry {
             statuses: RwLock::default(),
             progress: RwLock::default(),
             changed: watch::channel(0).0,
+            events: broadcast::channel(4096).0,
         }
     }
 }
@@ -298,27 +483,58 @@ impl Registry {
             .collect()
     }
 
-    /// Records a batch's report, keeping the last [`RECENT_PROGRESS`].
+    /// Records a report, keeping the last ones as Spark's `recentProgress` does.
     pub fn push_progress(&self, p: Progress) {
         {
             let mut map = self.progress.write().unwrap_or_else(|e| e.into_inner());
             let q = map.entry(p.name.clone()).or_default();
-            if q.len() >= RECENT_PROGRESS {
+            q.push_back(p);
+            while q.len() >= RECENT_PROGRESS {
                 q.pop_front();
             }
-            q.push_back(p);
         }
         self.bump();
     }
 
-    /// Every kept report, by query name then batch.
+    /// A query's last report (Spark's `lastProgress`).
+    pub fn last_progress(&self, name: &str) -> Option<Progress> {
+        self.progress
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .and_then(|q| q.back().cloned())
+    }
+
+    /// A query's kept reports, oldest first.
+    pub fn recent_progress(&self, name: &str) -> Vec<Progress> {
+        self.progress
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .map(|q| q.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Posts a listener event to every subscriber.
+    pub fn post(&self, event: ListenerEvent) {
+        // No subscriber is no error.
+        let _ = self.events.send(event);
+    }
+
+    /// A receiver of every listener event posted from now on.
+    pub fn events(&self) -> broadcast::Receiver<ListenerEvent> {
+        self.events.subscribe()
+    }
+
+    /// Every kept report of an executed batch, by query name then batch (idle triggers'
+    /// reports are left out: `tidemark.progress` has a row per batch).
     pub fn all_progress(&self) -> Vec<Progress> {
         let map = self.progress.read().unwrap_or_else(|e| e.into_inner());
         let mut names: Vec<&String> = map.keys().collect();
         names.sort();
         names
             .into_iter()
-            .flat_map(|n| map[n].iter().cloned())
+            .flat_map(|n| map[n].iter().filter(|p| !p.idle).cloned())
             .collect()
     }
 
@@ -331,6 +547,53 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn latency_percentiles_are_nearest_rank_over_rows() {
+        use crate::source::Arrival;
+        let a = |at_ms, rows| Arrival { at_ms, rows };
+        // 90 rows 100 ms old, 9 rows 1 s old, 1 row 5 s old.
+        let l = latency_percentiles(&[a(900, 90), a(0, 9), a(-4000, 1)], 1000).unwrap();
+        assert_eq!((l.p50, l.p95, l.p99, l.max), (100, 1000, 1000, 5000));
+        // One row: every percentile is its latency; arrivals after the commit count as 0.
+        let l = latency_percentiles(&[a(2000, 1)], 1000).unwrap();
+        assert_eq!((l.p50, l.max), (0, 0));
+        assert_eq!(latency_percentiles(&[a(0, 0)], 1000), None);
+        assert_eq!(latency_percentiles(&[], 1000), None);
+    }
+
+    #[test]
+    fn recent_progress_keeps_99_as_spark_does() {
+        let r = Registry::default();
+        for b in 0..150 {
+            r.push_progress(Progress {
+                id: Uuid::nil(),
+                run_id: Uuid::nil(),
+                name: "q".into(),
+                timestamp: Utc::now(),
+                batch_id: BatchId(b),
+                batch_duration: 0,
+                num_input_rows: 0,
+                input_rows_per_second: 0.0,
+                processed_rows_per_second: 0.0,
+                duration_ms: BTreeMap::new(),
+                event_time: None,
+                state_operators: vec![],
+                sources: vec![],
+                sink: SinkProgress {
+                    description: "s".into(),
+                    num_output_rows: 0,
+                },
+                end_to_end_latency_ms: None,
+                watermark_lag_ms: None,
+                idle: false,
+            });
+        }
+        let kept = r.recent_progress("q");
+        assert_eq!(kept.len(), 99);
+        assert_eq!(kept[0].batch_id, BatchId(51));
+        assert_eq!(r.last_progress("q").unwrap().batch_id, BatchId(149));
+    }
 
     #[test]
     fn rates_round_half_up_to_one_decimal() {

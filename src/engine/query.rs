@@ -27,8 +27,8 @@ use super::plan::{
     WatermarkPolicy, advance_watermark,
 };
 use super::progress::{
-    EventTimeProgress, Progress, Registry, SinkProgress, SourceProgress, StateOperatorProgress,
-    Status, round_rate,
+    EventTimeProgress, IDLE_REPORT_INTERVAL, ListenerEvent, Progress, Registry, SinkProgress,
+    SourceProgress, StateOperatorProgress, Status, round_rate,
 };
 use crate::catalog::{SinkDef, StreamDef, StreamSource, TableDef};
 use crate::checkpoint::{Checkpoint, CheckpointDefinition, CommitEntry, OffsetMetadata, OffsetSeq};
@@ -578,17 +578,33 @@ fn resume(ckpt: &Checkpoint, sources: usize) -> Result<Resume> {
 pub async fn run(task: QueryTask) -> Outcome {
     let name = task.def.name.clone();
     let registry = task.registry.clone();
-    match run_inner(task).await {
+    let outcome = match run_inner(task).await {
         Ok(o) => o,
         Err(e) => {
-            tracing::error!(sink = %name, error = %e, "streaming query failed");
+            tracing::error!(query = %name, error = %e, "streaming query failed");
             registry.update(&name, |s| {
                 s.status = Status::Failed;
                 s.error = Some(e.to_string());
             });
             Outcome::Failed(e)
         }
+    };
+    // Spark posts QueryTerminatedEvent only after a QueryStartedEvent.
+    if let Some(status) = registry.get(&name)
+        && let (Some(id), Some(run_id)) = (status.id, status.run_id)
+    {
+        registry.post(ListenerEvent::Terminated {
+            id,
+            run_id,
+            name: name.clone(),
+            exception: match &outcome {
+                Outcome::Failed(e) => Some(e.to_string()),
+                _ => None,
+            },
+        });
     }
+    super::metrics::query_ended(&name, matches!(outcome, Outcome::Failed(_)));
+    outcome
 }
 
 struct Runner {
@@ -608,6 +624,12 @@ struct Runner {
     watermark_policy: WatermarkPolicy,
     registry: Arc<Registry>,
     run_id: Uuid,
+    /// The last batch's operators, which idle reports repeat (spec §12.6).
+    last_state_operators: Vec<StateOperatorProgress>,
+    /// When the last report was kept.
+    last_kept_report: Option<Instant>,
+    /// Whether this run kept an idle report (its first is not posted).
+    idle_reported: bool,
     /// The side tables' writers (`late_rows = 'table'`, ...).
     side_tables: Vec<(super::side_tables::SideTable, crate::sink::delta::DeltaSink)>,
 }
@@ -626,6 +648,10 @@ struct BatchStats {
     skewed: Vec<u64>,
     /// By source index: the records that did not parse.
     malformed: Vec<Vec<crate::source::MalformedRecord>>,
+    /// When the batch's rows arrived, over every source.
+    arrivals: Vec<crate::source::Arrival>,
+    /// When the sink committed the batch, ms since the epoch.
+    committed_ms: i64,
 }
 
 /// Opens source `i` of a query: its stream's connector, with the sink's rate limits.
@@ -679,7 +705,15 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         s.run_id = Some(run_id);
         s.status = Status::Running;
         s.error = None;
+        s.started_at = Some(Utc::now());
     });
+    task.registry.post(ListenerEvent::Started {
+        id: ckpt.id,
+        run_id,
+        name: def.name.clone(),
+        timestamp: Utc::now(),
+    });
+    tracing::info!(query = %def.name, id = %ckpt.id, run_id = %run_id, "query started");
     let sink_wm = sink_watermark(&def)?;
     let mode = OutputMode::parse(&def.output_mode)?;
     let streams: Vec<&StreamDef> = task.streams.iter().collect();
@@ -700,6 +734,11 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
     )
     .await?;
     let shape = shape_of(&def.query, &plan)?;
+    let lines = explain(&def, &streams, &shape).unwrap_or_default();
+    task.registry.update(&def.name, |s| {
+        s.plan = lines;
+        s.checkpoint = Some(def.checkpoint.display().to_string());
+    });
     crate::checkpoint::record_definition(
         ckpt.root(),
         &def.name,
@@ -790,6 +829,9 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         watermark_policy: WatermarkPolicy::of(&def.options)?,
         registry: task.registry.clone(),
         run_id,
+        last_state_operators: Vec::new(),
+        last_kept_report: None,
+        idle_reported: false,
         side_tables: task
             .side_tables
             .iter()
@@ -901,6 +943,16 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                 runner
                     .registry
                     .update(&runner.def.name, |s| s.last_idle_trigger = trigger_no);
+                let elapsed = trigger_start.elapsed();
+                durations.insert("triggerExecution".into(), elapsed.as_millis() as u64);
+                runner.report_idle(
+                    next_batch,
+                    &committed_end,
+                    global_wm,
+                    trigger_wall,
+                    elapsed,
+                    durations,
+                );
                 prev_trigger_start = Some(trigger_start);
                 if trigger.is_bounded() {
                     return Ok(Outcome::Finished);
@@ -1068,6 +1120,7 @@ impl Runner {
                 .rows_in
                 .push(input.iter().map(|b| b.num_rows() as u64).sum());
             stats.malformed.push(source.take_malformed());
+            stats.arrivals.extend(source.take_arrivals());
             self.plan.set_rows(i, partition(input, parallelism()));
         }
         Ok(())
@@ -1183,6 +1236,7 @@ impl Runner {
                 tracing::info!(sink = %self.def.name, batch = b.id.get(), "batch already in the table; skipped");
             }
         }
+        stats.committed_ms = Utc::now().timestamp_millis();
         crate::testing::crash_point("after_sink_commit");
         phases.mark("stateAndSinkCommit");
         durations.insert("addBatch".into(), t.elapsed().as_millis() as u64);
@@ -1270,7 +1324,7 @@ impl Runner {
     }
 
     fn report(
-        &self,
+        &mut self,
         b: &PlannedBatch,
         trigger_wall: chrono::DateTime<Utc>,
         elapsed: Duration,
@@ -1305,7 +1359,7 @@ impl Runner {
             }
         });
         // Spark lists the operators from the top of the plan down; ids count bottom-up.
-        let state_operators = stats
+        let state_operators: Vec<StateOperatorProgress> = stats
             .state
             .iter()
             .enumerate()
@@ -1326,7 +1380,11 @@ impl Runner {
                 memory_used_bytes: m.memory_bytes,
                 num_rows_dropped_by_watermark: agg.dropped_late,
                 num_shuffle_partitions: self.def.state_partitions,
-                num_state_store_instances: self.def.state_partitions,
+                num_state_store_instances: self.def.state_partitions
+                    * self
+                        .operator_names
+                        .get(i)
+                        .map_or(1, |n| stores_per_partition(n)),
                 custom_metrics: agg
                     .custom_metrics
                     .iter()
@@ -1345,11 +1403,12 @@ impl Runner {
                 if let Some(&n) = stats.skewed.get(i).filter(|&&n| n > 0) {
                     metrics.insert("numSkewedRows".to_string(), n.to_string());
                 }
+                metrics.extend(source.backlog(b.end[i].as_ref()).metrics());
                 SourceProgress {
                     description: source.describe(),
                     start_offset: b.start[i].clone(),
                     end_offset: b.end[i].clone(),
-                    latest_offset: None,
+                    latest_offset: source.reported_latest(),
                     num_input_rows: rows,
                     input_rows_per_second: input_rate,
                     processed_rows_per_second: processed,
@@ -1369,26 +1428,139 @@ impl Runner {
             processed_rows_per_second: processed,
             duration_ms,
             event_time,
-            state_operators,
+            state_operators: state_operators.clone(),
             sources,
             sink: SinkProgress {
                 description: self.sink.describe(),
                 num_output_rows: stats.rows_out as i64,
             },
+            end_to_end_latency_ms: super::progress::latency_percentiles(
+                &stats.arrivals,
+                stats.committed_ms,
+            ),
+            watermark_lag_ms: self.watermark_lag_ms(b.watermark_ms),
+            idle: false,
         };
         tracing::info!(
-            sink = %self.def.name,
+            query = %self.def.name,
             batch = b.id.get(),
             rows = rows_in,
             elapsed_ms = elapsed.as_millis() as u64,
             "micro-batch committed"
         );
+        super::metrics::record(&progress);
+        self.last_state_operators = state_operators;
+        self.last_kept_report = Some(Instant::now());
         let now = Utc::now();
         self.registry.update(&self.def.name, |s| {
             s.last_batch_id = Some(b.id);
             s.last_progress_at = Some(now);
         });
+        let progress = Arc::new(progress);
+        self.registry.push_progress((*progress).clone());
+        self.registry.post(ListenerEvent::Progress(progress));
+    }
+
+    /// The report of an idle trigger (spec §12.3, §12.6): kept only
+    /// [`IDLE_REPORT_INTERVAL`] after the last kept report, posted as an idle event except
+    /// the first of a run.
+    fn report_idle(
+        &mut self,
+        next_batch: BatchId,
+        committed_end: &[Option<Offset>],
+        watermark_ms: i64,
+        trigger_wall: chrono::DateTime<Utc>,
+        elapsed: Duration,
+        duration_ms: BTreeMap<String, u64>,
+    ) {
+        if self
+            .last_kept_report
+            .is_some_and(|t| t.elapsed() < IDLE_REPORT_INTERVAL)
+        {
+            return;
+        }
+        self.last_kept_report = Some(Instant::now());
+        let ts = |ms: i64| chrono::DateTime::from_timestamp_millis(ms).unwrap_or_default();
+        let progress = Progress {
+            id: self.ckpt.id,
+            run_id: self.run_id,
+            name: self.def.name.clone(),
+            timestamp: trigger_wall,
+            batch_id: next_batch,
+            batch_duration: elapsed.as_millis() as u64,
+            num_input_rows: 0,
+            input_rows_per_second: 0.0,
+            processed_rows_per_second: 0.0,
+            duration_ms,
+            event_time: (!self.plan.watermarks.is_empty()).then(|| EventTimeProgress {
+                avg: None,
+                max: None,
+                min: None,
+                watermark: ts(watermark_ms),
+            }),
+            state_operators: self
+                .last_state_operators
+                .iter()
+                .map(|o| StateOperatorProgress {
+                    num_rows_updated: 0,
+                    num_rows_dropped_by_watermark: 0,
+                    ..o.clone()
+                })
+                .collect(),
+            sources: self
+                .sources
+                .iter()
+                .enumerate()
+                .map(|(i, source)| SourceProgress {
+                    description: source.describe(),
+                    start_offset: committed_end[i].clone(),
+                    end_offset: committed_end[i].clone(),
+                    latest_offset: source.reported_latest(),
+                    num_input_rows: 0,
+                    input_rows_per_second: 0.0,
+                    processed_rows_per_second: 0.0,
+                    metrics: source
+                        .backlog(committed_end[i].as_ref())
+                        .metrics()
+                        .collect(),
+                })
+                .collect(),
+            sink: SinkProgress {
+                description: self.sink.describe(),
+                num_output_rows: 0,
+            },
+            end_to_end_latency_ms: None,
+            watermark_lag_ms: self.watermark_lag_ms(watermark_ms),
+            idle: true,
+        };
+        super::metrics::record(&progress);
+        let first = !self.idle_reported;
+        self.idle_reported = true;
         self.registry.push_progress(progress);
+        if !first {
+            self.registry.post(ListenerEvent::Idle {
+                id: self.ckpt.id,
+                run_id: self.run_id,
+                name: self.def.name.clone(),
+                timestamp: trigger_wall,
+            });
+        }
+    }
+
+    /// The wall clock less the watermark, for a query with one that has moved.
+    fn watermark_lag_ms(&self, watermark_ms: i64) -> Option<i64> {
+        (!self.plan.watermarks.is_empty() && watermark_ms > 0)
+            .then(|| Utc::now().timestamp_millis() - watermark_ms)
+    }
+}
+
+/// State stores per partition of an operator named as Spark names it: a stream-stream join
+/// keeps four (each side's rows and key counts, state format 2), the others one.
+fn stores_per_partition(operator_name: &str) -> usize {
+    if operator_name == "symmetricHashJoin" {
+        4
+    } else {
+        1
     }
 }
 

@@ -1,5 +1,6 @@
 //! DataFusion tables that Tidemark registers: table streams (read and `INSERT`), and the
-//! system tables `tidemark.queries` and `tidemark.progress`. (A file stream's table is
+//! system tables `tidemark.queries`, `tidemark.progress`, `tidemark.sources` and
+//! `tidemark.state_operators`. (A file stream's table is
 //! [`crate::format::FilesTable`].)
 
 use std::sync::Arc;
@@ -19,7 +20,9 @@ use datafusion::logical_expr::Expr;
 use datafusion::logical_expr::dml::InsertOp;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
 
-use super::progress::{Progress, QueryStatus, Registry, StateOperatorProgress};
+use super::progress::{
+    LatencyMs, Progress, QueryStatus, Registry, SourceProgress, StateOperatorProgress,
+};
 use crate::error::Error;
 use crate::source::table::TableLog;
 
@@ -231,7 +234,25 @@ impl SystemTable {
         SystemTable {
             schema: progress_schema(),
             registry,
-            build: |r, s| progress_batch(&r.all_progress(), s),
+            build: |r, _| progress_rows(&r.all_progress()),
+        }
+    }
+
+    /// `tidemark.sources`.
+    pub fn sources(registry: Arc<Registry>) -> SystemTable {
+        SystemTable {
+            schema: schema_of(source_rows),
+            registry,
+            build: |r, _| source_rows(&r.all_progress()),
+        }
+    }
+
+    /// `tidemark.state_operators`.
+    pub fn state_operators(registry: Arc<Registry>) -> SystemTable {
+        SystemTable {
+            schema: schema_of(state_operator_rows),
+            registry,
+            build: |r, _| state_operator_rows(&r.all_progress()),
         }
     }
 }
@@ -260,6 +281,13 @@ impl TableProvider for SystemTable {
             projection.cloned(),
         )?)
     }
+}
+
+/// The schema a system table's rows have.
+fn schema_of(rows: fn(&[Progress]) -> datafusion::error::Result<RecordBatch>) -> SchemaRef {
+    rows(&[])
+        .map(|b| b.schema())
+        .unwrap_or_else(|_| Arc::new(Schema::empty()))
 }
 
 fn ts_type() -> DataType {
@@ -310,115 +338,266 @@ pub fn queries_batch(
     Ok(RecordBatch::try_new(schema.clone(), cols)?)
 }
 
+/// A system table's columns, built one at a time from a closure over its rows. Every
+/// column is nullable; the schema alone is the build over no rows.
+struct Columns<'a, T> {
+    rows: &'a [T],
+    fields: Vec<Field>,
+    arrays: Vec<ArrayRef>,
+}
+
+impl<'a, T> Columns<'a, T> {
+    fn new(rows: &'a [T]) -> Self {
+        Columns {
+            rows,
+            fields: Vec::new(),
+            arrays: Vec::new(),
+        }
+    }
+
+    fn push(mut self, name: &str, array: ArrayRef) -> Self {
+        self.fields
+            .push(Field::new(name, array.data_type().clone(), true));
+        self.arrays.push(array);
+        self
+    }
+
+    fn text(self, name: &str, f: impl Fn(&T) -> Option<String>) -> Self {
+        let a = Arc::new(StringArray::from_iter(self.rows.iter().map(f)));
+        self.push(name, a)
+    }
+
+    fn int(self, name: &str, f: impl Fn(&T) -> Option<i64>) -> Self {
+        let a = Arc::new(Int64Array::from_iter(self.rows.iter().map(f)));
+        self.push(name, a)
+    }
+
+    fn float(self, name: &str, f: impl Fn(&T) -> Option<f64>) -> Self {
+        let a = Arc::new(Float64Array::from_iter(self.rows.iter().map(f)));
+        self.push(name, a)
+    }
+
+    fn time(self, name: &str, f: impl Fn(&T) -> Option<chrono::DateTime<chrono::Utc>>) -> Self {
+        let a = Arc::new(
+            TimestampMicrosecondArray::from_iter(
+                self.rows.iter().map(|r| f(r).map(|t| t.timestamp_micros())),
+            )
+            .with_timezone("UTC"),
+        );
+        self.push(name, a)
+    }
+
+    fn batch(self) -> datafusion::error::Result<RecordBatch> {
+        Ok(RecordBatch::try_new(
+            Arc::new(Schema::new(self.fields)),
+            self.arrays,
+        )?)
+    }
+}
+
 /// The columns of `tidemark.progress`.
 pub fn progress_schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![
-        Field::new("name", DataType::Utf8, false),
-        Field::new("id", DataType::Utf8, false),
-        Field::new("run_id", DataType::Utf8, false),
-        Field::new("batch_id", DataType::Int64, false),
-        Field::new("timestamp", ts_type(), false),
-        Field::new("batch_duration_ms", DataType::Int64, false),
-        Field::new("num_input_rows", DataType::Int64, false),
-        Field::new("input_rows_per_second", DataType::Float64, false),
-        Field::new("processed_rows_per_second", DataType::Float64, false),
-        Field::new("duration_ms", DataType::Utf8, false),
-        Field::new("source_start_offset", DataType::Utf8, true),
-        Field::new("source_end_offset", DataType::Utf8, true),
-        Field::new("sink_output_rows", DataType::Int64, false),
-        Field::new("watermark", ts_type(), true),
-        Field::new("event_time_min", ts_type(), true),
-        Field::new("event_time_max", ts_type(), true),
-        Field::new("rows_dropped_by_watermark", DataType::Int64, true),
-        Field::new("state_rows_total", DataType::Int64, true),
-        Field::new("state_rows_updated", DataType::Int64, true),
-        Field::new("state_rows_removed", DataType::Int64, true),
-        Field::new("malformed_rows", DataType::Int64, false),
-        Field::new("missing_files", DataType::Int64, false),
-        Field::new("progress", DataType::Utf8, false),
-    ]))
+    schema_of(progress_rows)
 }
 
 /// One row per kept progress report.
 pub fn progress_batch(
     reports: &[Progress],
-    schema: &SchemaRef,
+    _schema: &SchemaRef,
 ) -> datafusion::error::Result<RecordBatch> {
-    let text = |f: &dyn Fn(&Progress) -> Option<String>| -> ArrayRef {
-        Arc::new(StringArray::from_iter(reports.iter().map(f)))
-    };
-    let int = |f: &dyn Fn(&Progress) -> i64| -> ArrayRef {
-        Arc::new(Int64Array::from_iter_values(reports.iter().map(f)))
-    };
-    let float = |f: &dyn Fn(&Progress) -> f64| -> ArrayRef {
-        Arc::new(Float64Array::from_iter_values(reports.iter().map(f)))
-    };
-    let time = |f: &dyn Fn(&Progress) -> Option<chrono::DateTime<chrono::Utc>>| -> ArrayRef {
-        Arc::new(
-            TimestampMicrosecondArray::from_iter(
-                reports.iter().map(|p| f(p).map(|t| t.timestamp_micros())),
+    progress_rows(reports)
+}
+
+/// A source offset as text: one source's, or a JSON array of several, by source index.
+fn offsets_text(
+    p: &Progress,
+    pick: impl Fn(&SourceProgress) -> Option<serde_json::Value>,
+) -> Option<String> {
+    match p.sources.as_slice() {
+        [] => None,
+        [one] => pick(one).map(|v| v.to_string()),
+        many => Some(
+            serde_json::Value::Array(
+                many.iter()
+                    .map(|s| pick(s).unwrap_or(serde_json::Value::Null))
+                    .collect(),
             )
-            .with_timezone("UTC"),
-        )
-    };
-    // Several stateful operators: the sum over them (the JSON has each).
-    let state = |f: &dyn Fn(&StateOperatorProgress) -> u64| -> ArrayRef {
-        Arc::new(Int64Array::from_iter(reports.iter().map(|p| {
-            (!p.state_operators.is_empty())
-                .then(|| p.state_operators.iter().map(|s| f(s) as i64).sum::<i64>())
-        })))
-    };
-    // One source: its offset; several: a JSON array of theirs, by source index.
-    let offset = |p: &Progress, start: bool| {
-        let pick = |src: &super::progress::SourceProgress| {
-            if start {
-                src.start_offset.clone()
-            } else {
-                src.end_offset.clone()
-            }
-        };
-        match p.sources.as_slice() {
-            [] => None,
-            [one] => pick(one).map(|v| v.to_string()),
-            many => Some(
-                serde_json::Value::Array(
-                    many.iter()
-                        .map(|s| pick(s).unwrap_or(serde_json::Value::Null))
-                        .collect(),
-                )
-                .to_string(),
-            ),
-        }
-    };
-    let cols: Vec<ArrayRef> = vec![
-        text(&|p| Some(p.name.clone())),
-        text(&|p| Some(p.id.to_string())),
-        text(&|p| Some(p.run_id.to_string())),
-        int(&|p| p.batch_id.get() as i64),
-        Arc::new(
-            TimestampMicrosecondArray::from_iter_values(
-                reports.iter().map(|p| p.timestamp.timestamp_micros()),
-            )
-            .with_timezone("UTC"),
+            .to_string(),
         ),
-        int(&|p| p.batch_duration as i64),
-        int(&|p| p.num_input_rows as i64),
-        float(&|p| p.input_rows_per_second),
-        float(&|p| p.processed_rows_per_second),
-        text(&|p| serde_json::to_string(&p.duration_ms).ok()),
-        text(&|p| offset(p, true)),
-        text(&|p| offset(p, false)),
-        int(&|p| p.sink.num_output_rows),
-        time(&|p| p.event_time.as_ref().map(|e| e.watermark)),
-        time(&|p| p.event_time.as_ref().and_then(|e| e.min)),
-        time(&|p| p.event_time.as_ref().and_then(|e| e.max)),
-        state(&|s| s.num_rows_dropped_by_watermark),
-        state(&|s| s.num_rows_total),
-        state(&|s| s.num_rows_updated),
-        state(&|s| s.num_rows_removed),
-        int(&|p| p.sources.iter().map(|s| s.malformed_rows()).sum()),
-        int(&|p| p.sources.iter().map(|s| s.missing_files()).sum()),
-        text(&|p| Some(p.to_json())),
-    ];
-    Ok(RecordBatch::try_new(schema.clone(), cols)?)
+    }
+}
+
+fn progress_rows(reports: &[Progress]) -> datafusion::error::Result<RecordBatch> {
+    // Several stateful operators: the sum over them (the JSON has each).
+    let state = |p: &Progress, f: &dyn Fn(&StateOperatorProgress) -> u64| {
+        (!p.state_operators.is_empty())
+            .then(|| p.state_operators.iter().map(|s| f(s) as i64).sum::<i64>())
+    };
+    let phase = |p: &Progress, name: &str| p.duration_ms.get(name).map(|&ms| ms as i64);
+    let latency = |p: &Progress, f: fn(&LatencyMs) -> i64| p.end_to_end_latency_ms.as_ref().map(f);
+    Columns::new(reports)
+        .text("name", |p| Some(p.name.clone()))
+        .text("id", |p| Some(p.id.to_string()))
+        .text("run_id", |p| Some(p.run_id.to_string()))
+        .int("batch_id", |p| Some(p.batch_id.get() as i64))
+        .time("timestamp", |p| Some(p.timestamp))
+        .int("batch_duration_ms", |p| Some(p.batch_duration as i64))
+        .int("num_input_rows", |p| Some(p.num_input_rows as i64))
+        .float("input_rows_per_second", |p| Some(p.input_rows_per_second))
+        .float("processed_rows_per_second", |p| {
+            Some(p.processed_rows_per_second)
+        })
+        .text("duration_ms", |p| {
+            serde_json::to_string(&p.duration_ms).ok()
+        })
+        .text("source_start_offset", |p| {
+            offsets_text(p, |s| s.start_offset.clone())
+        })
+        .text("source_end_offset", |p| {
+            offsets_text(p, |s| s.end_offset.clone())
+        })
+        .int("sink_output_rows", |p| Some(p.sink.num_output_rows))
+        .time("watermark", |p| p.event_time.as_ref().map(|e| e.watermark))
+        .time("event_time_min", |p| {
+            p.event_time.as_ref().and_then(|e| e.min)
+        })
+        .time("event_time_max", |p| {
+            p.event_time.as_ref().and_then(|e| e.max)
+        })
+        .int("rows_dropped_by_watermark", |p| {
+            state(p, &|s| s.num_rows_dropped_by_watermark)
+        })
+        .int("state_rows_total", |p| state(p, &|s| s.num_rows_total))
+        .int("state_rows_updated", |p| state(p, &|s| s.num_rows_updated))
+        .int("state_rows_removed", |p| state(p, &|s| s.num_rows_removed))
+        .int("malformed_rows", |p| {
+            Some(p.sources.iter().map(|s| s.malformed_rows()).sum())
+        })
+        .int("missing_files", |p| {
+            Some(p.sources.iter().map(|s| s.missing_files()).sum())
+        })
+        .text("source_latest_offset", |p| {
+            offsets_text(p, |s| s.latest_offset.clone())
+        })
+        .time("event_time_avg", |p| {
+            p.event_time.as_ref().and_then(|e| e.avg)
+        })
+        .int("latest_offset_ms", |p| phase(p, "latestOffset"))
+        .int("get_batch_ms", |p| phase(p, "getBatch"))
+        .int("query_planning_ms", |p| phase(p, "queryPlanning"))
+        .int("add_batch_ms", |p| phase(p, "addBatch"))
+        .int("wal_commit_ms", |p| phase(p, "walCommit"))
+        .int("commit_offsets_ms", |p| phase(p, "commitOffsets"))
+        .int("trigger_execution_ms", |p| phase(p, "triggerExecution"))
+        .int("state_memory_bytes", |p| state(p, &|s| s.memory_used_bytes))
+        .int("backlog_files", |p| {
+            p.source_metric_sum("numFilesOutstanding")
+        })
+        .int("backlog_bytes", |p| {
+            p.source_metric_sum("numBytesOutstanding")
+        })
+        .int("backlog_rows", |p| {
+            p.source_metric_sum("numRowsOutstanding")
+        })
+        .int("latency_p50_ms", |p| latency(p, |l| l.p50))
+        .int("latency_p95_ms", |p| latency(p, |l| l.p95))
+        .int("latency_p99_ms", |p| latency(p, |l| l.p99))
+        .int("latency_max_ms", |p| latency(p, |l| l.max))
+        .int("watermark_lag_ms", |p| p.watermark_lag_ms)
+        .text("progress", |p| Some(p.to_json()))
+        .batch()
+}
+
+/// One source of one kept report: `tidemark.sources`.
+fn source_rows(reports: &[Progress]) -> datafusion::error::Result<RecordBatch> {
+    let rows: Vec<(&Progress, usize, &SourceProgress)> = reports
+        .iter()
+        .flat_map(|p| p.sources.iter().enumerate().map(move |(i, s)| (p, i, s)))
+        .collect();
+    let metric = |s: &SourceProgress, name: &str| s.metrics.get(name).and_then(|v| v.parse().ok());
+    let json = |v: &Option<serde_json::Value>| v.as_ref().map(|v| v.to_string());
+    Columns::new(&rows)
+        .text("name", |(p, _, _)| Some(p.name.clone()))
+        .int("batch_id", |(p, _, _)| Some(p.batch_id.get() as i64))
+        .time("timestamp", |(p, _, _)| Some(p.timestamp))
+        .int("source_index", |(_, i, _)| Some(*i as i64))
+        .text("description", |(_, _, s)| Some(s.description.clone()))
+        .text("start_offset", |(_, _, s)| json(&s.start_offset))
+        .text("end_offset", |(_, _, s)| json(&s.end_offset))
+        .text("latest_offset", |(_, _, s)| json(&s.latest_offset))
+        .int("num_input_rows", |(_, _, s)| Some(s.num_input_rows as i64))
+        .float("input_rows_per_second", |(_, _, s)| {
+            Some(s.input_rows_per_second)
+        })
+        .float("processed_rows_per_second", |(_, _, s)| {
+            Some(s.processed_rows_per_second)
+        })
+        .int("backlog_files", |(_, _, s)| {
+            metric(s, "numFilesOutstanding")
+        })
+        .int("backlog_bytes", |(_, _, s)| {
+            metric(s, "numBytesOutstanding")
+        })
+        .int("backlog_rows", |(_, _, s)| metric(s, "numRowsOutstanding"))
+        .text("metrics", |(_, _, s)| {
+            serde_json::to_string(&s.metrics).ok()
+        })
+        .batch()
+}
+
+/// One stateful operator of one kept report, in plan order from the top: `tidemark.state_operators`.
+fn state_operator_rows(reports: &[Progress]) -> datafusion::error::Result<RecordBatch> {
+    let rows: Vec<(&Progress, usize, &StateOperatorProgress)> = reports
+        .iter()
+        .flat_map(|p| {
+            p.state_operators
+                .iter()
+                .enumerate()
+                .map(move |(i, s)| (p, i, s))
+        })
+        .collect();
+    let n = |v: u64| Some(v as i64);
+    Columns::new(&rows)
+        .text("name", |(p, _, _)| Some(p.name.clone()))
+        .int("batch_id", |(p, _, _)| Some(p.batch_id.get() as i64))
+        .time("timestamp", |(p, _, _)| Some(p.timestamp))
+        .int("operator_index", |(_, i, _)| Some(*i as i64))
+        .text("operator_name", |(_, _, s)| Some(s.operator_name.clone()))
+        .int("num_rows_total", |(_, _, s)| n(s.num_rows_total))
+        .int("num_rows_updated", |(_, _, s)| n(s.num_rows_updated))
+        .int("all_updates_time_ms", |(_, _, s)| n(s.all_updates_time_ms))
+        .int("num_rows_removed", |(_, _, s)| n(s.num_rows_removed))
+        .int(
+            "all_removals_time_ms",
+            |(_, _, s)| n(s.all_removals_time_ms),
+        )
+        .int("commit_time_ms", |(_, _, s)| n(s.commit_time_ms))
+        .int("memory_used_bytes", |(_, _, s)| n(s.memory_used_bytes))
+        .int("num_rows_dropped_by_watermark", |(_, _, s)| {
+            n(s.num_rows_dropped_by_watermark)
+        })
+        .int("num_shuffle_partitions", |(_, _, s)| {
+            Some(s.num_shuffle_partitions as i64)
+        })
+        .int("num_state_store_instances", |(_, _, s)| {
+            Some(s.num_state_store_instances as i64)
+        })
+        .text("custom_metrics", |(_, _, s)| {
+            serde_json::to_string(&s.custom_metrics).ok()
+        })
+        .batch()
+}
+
+/// The columns of `SHOW PROGRESS name`: the query's last report, Spark's `lastProgress`.
+pub fn last_progress_batch(report: Option<&Progress>) -> datafusion::error::Result<RecordBatch> {
+    let rows: Vec<&Progress> = report.into_iter().collect();
+    Columns::new(&rows)
+        .text("name", |p| Some(p.name.clone()))
+        .int("batch_id", |p| Some(p.batch_id.get() as i64))
+        .time("timestamp", |p| Some(p.timestamp))
+        .text("kind", |p| {
+            Some(if p.idle { "idle" } else { "batch" }.to_string())
+        })
+        .text("progress", |p| Some(p.to_pretty_json()))
+        .batch()
 }

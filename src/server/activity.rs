@@ -41,6 +41,8 @@ pub struct Session {
     cancel: Arc<ConnectionHandle>,
     terminating: AtomicBool,
     terminate: Notify,
+    /// Its `LISTEN` channels and the notifications not yet sent.
+    pub mailbox: super::notify::Mailbox,
 }
 
 /// What `pg_cancel_backend` and `pg_terminate_backend` ask of a session.
@@ -135,6 +137,7 @@ impl Registered {
             cancel,
             terminating: AtomicBool::new(false),
             terminate: Notify::new(),
+            mailbox: Default::default(),
         });
         SESSIONS
             .lock()

@@ -10,7 +10,9 @@
 //! A panic in a handler is caught: the client gets `XX000` and the connection is closed;
 //! the server goes on.
 //!
-//! The loop owns the socket, so it is also where pushed messages (`LISTEN`) will go.
+//! The loop owns the socket, so it is also where pushed messages go: the notifications of
+//! `LISTEN` (`server::notify`), sent while the session is idle, without waiting for the
+//! client.
 
 use std::io;
 use std::panic::AssertUnwindSafe;
@@ -84,9 +86,21 @@ pub(super) async fn serve(socket: TcpStream, handlers: Arc<Handlers>) -> io::Res
                 None => std::future::pending().await,
             }
         };
+        // Notifications go out while the session is idle outside a transaction block.
+        if idle && let Some(session) = &session {
+            send_notifications(&mut conn, session).await?;
+        }
+        let arrived = async {
+            match &session {
+                Some(session) if idle => session.mailbox.arrived().await,
+                _ => std::future::pending().await,
+            }
+        };
         let idle_limit = handlers.idle_session_timeout.filter(|_| idle);
         let next = tokio::select! {
             _ = &mut startup, if starting => return Ok(()),
+            // Sent at the top of the loop; the wait for the client starts again.
+            _ = arrived => continue,
             _ = terminated => return send_error(&mut conn, terminated_by_administrator(), false).await,
             m = async {
                 match idle_limit {
@@ -131,6 +145,7 @@ pub(super) async fn serve(socket: TcpStream, handlers: Arc<Handlers>) -> io::Res
             && let Some(statement) = statement_of(&conn, &message)
         {
             session.start(&statement);
+            metrics::counter!("tidemark_statements_total").increment(1);
         }
         let outcome = AssertUnwindSafe(dispatch(&mut conn, &handlers, message))
             .catch_unwind()
@@ -174,6 +189,21 @@ pub(super) async fn serve(socket: TcpStream, handlers: Arc<Handlers>) -> io::Res
             });
         }
     }
+}
+
+/// Sends the session's waiting notifications (`LISTEN`) as `NotificationResponse`s.
+async fn send_notifications(conn: &mut Conn, session: &super::activity::Session) -> io::Result<()> {
+    let waiting = session.mailbox.take();
+    if waiting.is_empty() {
+        return Ok(());
+    }
+    for n in waiting {
+        conn.feed(PgWireBackendMessage::NotificationResponse(
+            pgwire::messages::response::NotificationResponse::new(n.pid, n.channel, n.payload),
+        ))
+        .await?;
+    }
+    conn.flush().await
 }
 
 /// Why a connection `pg_terminate_backend` ended is closing.
@@ -272,6 +302,7 @@ async fn dispatch(
 /// exchange); a FATAL error closes the connection.
 async fn send_error(conn: &mut Conn, info: ErrorInfo, extended: bool) -> io::Result<()> {
     let fatal = info.is_fatal();
+    metrics::counter!("tidemark_errors_total", "sqlstate" => info.code.clone()).increment(1);
     conn.feed(PgWireBackendMessage::ErrorResponse(info.into()))
         .await?;
     if fatal {

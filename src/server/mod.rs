@@ -53,6 +53,7 @@ mod information_schema;
 mod insert;
 mod interrupt;
 mod login;
+mod notify;
 mod plans;
 mod rewrite;
 mod roles_catalog;
@@ -142,6 +143,24 @@ pub fn tls_acceptor(
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
+/// Says what each of the wire's metrics means (`tidemark_connections`, ...), for the
+/// Prometheus exposition; call after installing the recorder.
+pub fn describe_metrics() {
+    metrics::describe_gauge!("tidemark_connections", "Open client connections");
+    metrics::describe_counter!(
+        "tidemark_connections_total",
+        "Client connections accepted since the server started"
+    );
+    metrics::describe_counter!(
+        "tidemark_statements_total",
+        "Statements run (each Query message and each Execute)"
+    );
+    metrics::describe_counter!(
+        "tidemark_errors_total",
+        "Errors sent to clients, by SQLSTATE"
+    );
+}
+
 /// Accepts connections until `shutdown` completes. Each connection gets its own task.
 pub async fn run(
     listener: TcpListener,
@@ -149,19 +168,27 @@ pub async fn run(
     options: ServerOptions,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    let events = notify::forward_events(engine.registry());
     let handlers = Arc::new(Handlers::new(engine, options));
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            _ = &mut shutdown => return Ok(()),
+            _ = &mut shutdown => {
+                events.abort();
+                return Ok(());
+            }
             accepted = listener.accept() => {
                 match accepted {
                     Ok((socket, addr)) => {
                         let handlers = handlers.clone();
+                        metrics::counter!("tidemark_connections_total").increment(1);
                         tokio::spawn(async move {
+                            let open = metrics::gauge!("tidemark_connections");
+                            open.increment(1.0);
                             if let Err(e) = conn::serve(socket, handlers).await {
                                 tracing::debug!(%addr, error = %e, "connection ended with an error");
                             }
+                            open.decrement(1.0);
                         });
                     }
                     Err(e) => tracing::warn!(error = %e, "accept failed"),
@@ -406,6 +433,23 @@ impl TidemarkService {
             }
             crate::sql::TidemarkStatement::Savepoint(c) => {
                 return savepoint(client.transaction_status(), &c);
+            }
+            crate::sql::TidemarkStatement::Listen(channel) => {
+                if let Some(r) = client.session_extensions().get::<activity::Registered>() {
+                    r.0.mailbox.listen(&channel);
+                }
+                return Ok(Response::Execution(Tag::new("LISTEN")));
+            }
+            crate::sql::TidemarkStatement::Unlisten(channel) => {
+                if let Some(r) = client.session_extensions().get::<activity::Registered>() {
+                    r.0.mailbox.unlisten(channel.as_deref());
+                }
+                return Ok(Response::Execution(Tag::new("UNLISTEN")));
+            }
+            crate::sql::TidemarkStatement::Notify { channel, payload } => {
+                notify::check_payload(&payload).map_err(|e| to_pg_error(&e))?;
+                notify::notify(client.pid_and_secret_key().0, &channel, &payload);
+                return Ok(Response::Execution(Tag::new("NOTIFY")));
             }
             _ => {}
         }

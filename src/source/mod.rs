@@ -53,6 +53,38 @@ pub struct MalformedRecord {
     pub record: crate::format::Rejected,
 }
 
+/// When some of a batch's rows arrived (their file landed; their `INSERT` or `COPY` was
+/// acknowledged), for the end-to-end latency of the progress report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arrival {
+    /// Milliseconds since the epoch.
+    pub at_ms: i64,
+    pub rows: u64,
+}
+
+/// What a source holds that no batch has read yet, after the batch being planned. `None`:
+/// the source cannot tell (a file's rows are known only once it is read).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Backlog {
+    pub files: Option<u64>,
+    pub rows: Option<u64>,
+    pub bytes: Option<u64>,
+}
+
+impl Backlog {
+    /// As a progress report's source metrics: Spark's `numFilesOutstanding` and
+    /// `numBytesOutstanding` (Delta's source), and `numRowsOutstanding`.
+    pub fn metrics(&self) -> impl Iterator<Item = (String, String)> {
+        [
+            ("numFilesOutstanding", self.files),
+            ("numBytesOutstanding", self.bytes),
+            ("numRowsOutstanding", self.rows),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| Some((k.to_string(), v?.to_string())))
+    }
+}
+
 /// How much one batch may take (Spark's `ReadLimit`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadLimit {
@@ -104,6 +136,24 @@ pub trait Source: Send + Sync {
     /// text have any.
     fn take_malformed(&self) -> Vec<MalformedRecord> {
         Vec::new()
+    }
+
+    /// When the rows of the last read arrived, once its stream is drained; a second call
+    /// gives none. Sources whose rows are made, not landed (`rate`, `nexmark`), have none.
+    fn take_arrivals(&self) -> Vec<Arrival> {
+        Vec::new()
+    }
+
+    /// What is left to read after `end`, the end of the batch being planned (as of the last
+    /// `latest_offset`).
+    fn backlog(&self, _end: Option<&Offset>) -> Backlog {
+        Backlog::default()
+    }
+
+    /// The newest offset available, whatever the read limit: Spark's `latestOffset` of a
+    /// progress report (`reportLatestOffset`). `None` where Spark reports `null` (files).
+    fn reported_latest(&self) -> Option<Offset> {
+        None
     }
 
     /// The query has committed everything up to `end`: what only it needed may go.

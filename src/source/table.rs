@@ -101,6 +101,9 @@ struct Frame {
     /// Position of the payload in the segment file.
     pos: u64,
     len: u64,
+    /// When it was acknowledged (ms since the epoch); unknown for frames written before
+    /// this process opened the log.
+    acked_ms: Option<i64>,
 }
 
 #[derive(Debug)]
@@ -205,6 +208,7 @@ fn scan_segment(seg: &Segment, start: u64, last: bool) -> Result<(Vec<Frame>, u6
             segment: seg.base,
             pos: (pos + HEADER) as u64,
             len: len as u64,
+            acked_ms: None,
         });
         next += rows;
         pos += HEADER + len;
@@ -393,6 +397,23 @@ impl TableLog {
             }
         });
         Ok(super::flatten_reads(reads))
+    }
+
+    /// When the rows of `[start, end)` were acknowledged, frame by frame (those this process
+    /// acknowledged).
+    pub fn arrivals(&self, start: u64, end: u64) -> Vec<super::Arrival> {
+        self.lock()
+            .frames
+            .iter()
+            .filter(|f| f.start + f.rows > start && f.start < end)
+            .filter_map(|f| {
+                let rows = (f.start + f.rows).min(end) - f.start.max(start);
+                Some(super::Arrival {
+                    at_ms: f.acked_ms?,
+                    rows,
+                })
+            })
+            .collect()
     }
 
     /// Every retained row, for `SELECT * FROM stream`.
@@ -632,6 +653,7 @@ impl Writer {
                 segment: self.base,
                 pos: pos + HEADER as u64,
                 len: a.payload.len() as u64,
+                acked_ms: None,
             });
             at += a.rows;
             pos += (HEADER + a.payload.len()) as u64;
@@ -649,9 +671,11 @@ impl Writer {
         crate::testing::crash_point("table_log_after_sync");
         self.bytes = pos;
         self.end = at;
+        let acked_ms = Some(chrono::Utc::now().timestamp_millis());
         {
             let mut s = log.lock();
-            s.frames.extend(frames);
+            s.frames
+                .extend(frames.into_iter().map(|f| Frame { acked_ms, ..f }));
             s.end = at;
             if let Some(seg) = s.segments.last_mut() {
                 seg.bytes = pos;
@@ -701,6 +725,8 @@ pub struct TableSource {
     fixed_end: Option<u64>,
     /// A sink's `max_rows_per_trigger` overrides the stream's.
     max_rows_per_trigger: Option<u64>,
+    /// When the rows of the last read arrived.
+    arrived: Mutex<Vec<super::Arrival>>,
 }
 
 impl TableSource {
@@ -715,6 +741,7 @@ impl TableSource {
             log,
             reader: reader.to_string(),
             fixed_end: None,
+            arrived: Mutex::default(),
         })
     }
 }
@@ -758,7 +785,27 @@ impl Source for TableSource {
 
     async fn read(&self, start: Option<&Offset>, end: &Offset) -> Result<BatchStream> {
         let start = start.map(row_offset).transpose()?;
-        self.log.read(start, row_offset(end)?)
+        let end = row_offset(end)?;
+        *self.arrived.lock().unwrap_or_else(|e| e.into_inner()) = self
+            .log
+            .arrivals(start.unwrap_or_else(|| self.log.bounds().0), end);
+        self.log.read(start, end)
+    }
+
+    fn take_arrivals(&self) -> Vec<super::Arrival> {
+        std::mem::take(&mut self.arrived.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn backlog(&self, end: Option<&Offset>) -> super::Backlog {
+        let read = end.and_then(|o| o.as_u64()).unwrap_or(self.log.bounds().0);
+        super::Backlog {
+            rows: Some(self.log.bounds().1.saturating_sub(read)),
+            ..Default::default()
+        }
+    }
+
+    fn reported_latest(&self) -> Option<Offset> {
+        Some(serde_json::json!(self.log.bounds().1))
     }
 
     async fn commit(&mut self, end: &Offset) -> Result<()> {

@@ -122,7 +122,7 @@ fn is_tidemark(words: &[String]) -> bool {
                 "TABLES" | "COLUMNS" | "FUNCTIONS" | "CATALOGS" | "CREATE" | "FULL"
             ) && w(2) != "."
         }
-        "DISCARD" => true,
+        "DISCARD" | "LISTEN" | "UNLISTEN" | "NOTIFY" => true,
         "STOP" | "START" | "ALTER" => matches!(w(1), "SINK" | "MATERIALIZED"),
         "FLUSH" | "OPTIMIZE" | "SAVEPOINT" | "RELEASE" => true,
         "ROLLBACK" => w(1) == "TO",

@@ -53,6 +53,17 @@ pub enum TidemarkStatement {
     /// `SHOW MATERIALIZED VIEWS`.
     ShowViews,
     ShowQueries,
+    /// `SHOW PROGRESS name`: the query's last progress report.
+    ShowProgress(String),
+    /// `LISTEN channel`.
+    Listen(String),
+    /// `UNLISTEN channel`, or `UNLISTEN *` (`None`).
+    Unlisten(Option<String>),
+    /// `NOTIFY channel [, 'payload']`.
+    Notify {
+        channel: String,
+        payload: String,
+    },
     /// Every connector's options (`tidemark.options`).
     ShowOptions,
     StopSink {
@@ -436,6 +447,12 @@ fn parse_statement(p: &mut Parser) -> Result<TidemarkStatement> {
         if parse_word(p, "QUERIES") {
             return Ok(TidemarkStatement::ShowQueries);
         }
+        if word_is(p, 0, "PROGRESS")
+            && !matches!(p.peek_nth_token(1).token, Token::EOF | Token::SemiColon)
+        {
+            p.next_token();
+            return Ok(TidemarkStatement::ShowProgress(parse_name(p)?));
+        }
         // A setting: one or more words (`search_path`, `TIME ZONE`, `"TimeZone"`).
         let mut words = Vec::new();
         loop {
@@ -454,6 +471,24 @@ fn parse_statement(p: &mut Parser) -> Result<TidemarkStatement> {
             }
         }
         return Ok(TidemarkStatement::ShowSetting(words.join(" ")));
+    }
+    if parse_word(p, "LISTEN") {
+        return Ok(TidemarkStatement::Listen(parse_channel(p)?));
+    }
+    if parse_word(p, "UNLISTEN") {
+        if p.consume_token(&Token::Mul) {
+            return Ok(TidemarkStatement::Unlisten(None));
+        }
+        return Ok(TidemarkStatement::Unlisten(Some(parse_channel(p)?)));
+    }
+    if parse_word(p, "NOTIFY") {
+        let channel = parse_channel(p)?;
+        let payload = if p.consume_token(&Token::Comma) {
+            p.parse_literal_string()?
+        } else {
+            String::new()
+        };
+        return Ok(TidemarkStatement::Notify { channel, payload });
     }
     if parse_word(p, "DISCARD") {
         for what in ["ALL", "PLANS", "SEQUENCES", "TEMP", "TEMPORARY"] {
@@ -551,6 +586,21 @@ fn parse_name(p: &mut Parser) -> Result<String> {
         .as_ident()
         .ok_or_else(|| Error::Syntax(format!("\"{name}\" is not a name")))?;
     Ok(normalize_ident(ident))
+}
+
+/// A `LISTEN`/`NOTIFY` channel: an identifier, folded to lower case unless quoted, and
+/// cut to Postgres's 63 bytes.
+fn parse_channel(p: &mut Parser) -> Result<String> {
+    let ident = p.parse_identifier()?;
+    let mut name = normalize_ident(&ident);
+    if name.len() > 63 {
+        let mut end = 63;
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
+        name.truncate(end);
+    }
+    Ok(name)
 }
 
 fn parse_create_stream(p: &mut Parser) -> Result<CreateStream> {

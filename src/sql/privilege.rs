@@ -84,6 +84,10 @@ pub fn of_tidemark(stmt: &TidemarkStatement) -> Vec<Need> {
         | S::ShowSinks
         | S::ShowViews
         | S::ShowQueries
+        | S::ShowProgress(_)
+        | S::Listen(_)
+        | S::Unlisten(_)
+        | S::Notify { .. }
         | S::ShowOptions
         | S::Savepoint(_)
         | S::ShowSetting(_)

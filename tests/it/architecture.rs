@@ -8,7 +8,7 @@ use std::path::Path;
 /// Top to bottom. Modules in one layer do not use each other.
 const LAYERS: &[&[&str]] = &[
     &["main"],
-    &["server"],
+    &["http", "server"],
     &["engine"],
     &["catalog"],
     &["checkpoint", "sink", "source", "state"],

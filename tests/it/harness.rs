@@ -26,6 +26,8 @@ pub fn free_port() -> u16 {
 pub struct TestServer {
     child: Child,
     pub port: u16,
+    /// The HTTP server's address (`--http 127.0.0.1:0` unless the test passes `--http`).
+    pub http: Option<String>,
     log: PathBuf,
 }
 
@@ -72,6 +74,9 @@ impl TestServer {
         if !args.contains(&"--listen") {
             cmd.arg("--listen").arg(format!("127.0.0.1:{port}"));
         }
+        if !args.contains(&"--http") {
+            cmd.arg("--http").arg("127.0.0.1:0");
+        }
         cmd.arg("--data-dir")
             .arg(data_dir)
             .args(args)
@@ -90,8 +95,12 @@ impl TestServer {
         let stdout = child.stdout.take().expect("stdout");
         let mut lines = BufReader::new(stdout).lines();
         // The server prints the address it bound: with port 0, that is how the port is read.
+        let mut http = None;
         let ready = tokio::time::timeout(DEADLINE, async {
             while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(addr) = line.strip_prefix("http on ") {
+                    http = Some(addr.to_string());
+                }
                 if let Some(addr) = line.strip_prefix("listening on ") {
                     return addr.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
                 }
@@ -108,7 +117,12 @@ impl TestServer {
         };
         // Keep draining stdout so the child never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        TestServer { child, port, log }
+        TestServer {
+            child,
+            port,
+            http,
+            log,
+        }
     }
 
     /// A client connected to this server.
@@ -359,4 +373,20 @@ fn is_root() -> bool {
         .arg("-u")
         .output()
         .is_ok_and(|o| o.stdout.trim_ascii() == b"0")
+}
+
+/// The rows of `sql` (simple protocol), as text; a failure fails the test.
+pub async fn rows(client: &Client, sql: &str) -> Vec<Vec<Option<String>>> {
+    client
+        .simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .into_iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => {
+                Some((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect())
+            }
+            _ => None,
+        })
+        .collect()
 }

@@ -17,9 +17,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use tokio_postgres::{Client, SimpleQueryMessage};
+use tokio_postgres::Client;
 
-use crate::harness::{TestServer, free_port};
+use crate::harness::{TestServer, free_port, rows};
 
 #[derive(Debug)]
 struct Variant {
@@ -67,21 +67,6 @@ fn parse_variant(args: &[String]) -> Variant {
         }
     }
     v
-}
-
-async fn rows(client: &Client, sql: &str) -> Vec<Vec<Option<String>>> {
-    client
-        .simple_query(sql)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-        .into_iter()
-        .filter_map(|m| match m {
-            SimpleQueryMessage::Row(r) => {
-                Some((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect())
-            }
-            _ => None,
-        })
-        .collect()
 }
 
 /// `2026-06-10 10:00:00.500000` → `2026-06-10T10:00:00.5Z` (the oracle's canonical form).
@@ -300,6 +285,38 @@ async fn check_variant(case: &Path, runs: &[String], variant: &str, v: &Variant)
                 got, want,
                 "{what}: batches (id, rows, watermark, min, max, dropped, state total/updated/removed)"
             );
+            // The progress JSON: every field of Spark's report, with the same JSON type.
+            let spark_reports = expected.join("progress.json");
+            if spark_reports.exists() {
+                let spark: Vec<serde_json::Value> =
+                    serde_json::from_str(&std::fs::read_to_string(&spark_reports).unwrap())
+                        .unwrap();
+                let ours = rows(
+                    &client,
+                    &format!("SELECT batch_id, progress FROM tidemark.progress WHERE name = '{query}' ORDER BY batch_id"),
+                )
+                .await;
+                let mut compared = 0;
+                for r in &ours {
+                    let batch: u64 = r[0].as_deref().unwrap().parse().unwrap();
+                    let Some(theirs) = spark.iter().find(|p| p["batchId"] == batch) else {
+                        continue;
+                    };
+                    let mine: serde_json::Value =
+                        serde_json::from_str(r[1].as_deref().unwrap()).unwrap();
+                    let mut missing = Vec::new();
+                    same_shape(theirs, &mine, "", &mut missing);
+                    assert!(
+                        missing.is_empty(),
+                        "{what}: batch {batch}'s progress differs from Spark's in {missing:?}\nSpark: {theirs}\nours: {mine}"
+                    );
+                    compared += 1;
+                }
+                assert!(
+                    compared > 0,
+                    "{what}: no progress report compared with Spark's"
+                );
+            }
 
             // changelog.csv: rows emitted per batch.
             let mut per_batch: BTreeMap<String, u64> = BTreeMap::new();
@@ -329,6 +346,56 @@ async fn check_variant(case: &Path, runs: &[String], variant: &str, v: &Variant)
         }
         drop(client);
         server.stop().await;
+    }
+}
+
+/// Adds to `differences` each field of Spark's report `spark` that `ours` lacks or holds
+/// with another JSON type (fields of ours that Spark lacks are Tidemark's additions). Spark's
+/// `customMetrics` depend on its state store provider (spec §12.1) and are not compared.
+fn same_shape(
+    spark: &serde_json::Value,
+    ours: &serde_json::Value,
+    path: &str,
+    differences: &mut Vec<String>,
+) {
+    use serde_json::Value;
+    let kind = |v: &Value| match v {
+        Value::Null => "null",
+        Value::Bool(_) => "bool",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    };
+    if kind(spark) != kind(ours) {
+        differences.push(format!(
+            "{path}: Spark's {} is our {}",
+            kind(spark),
+            kind(ours)
+        ));
+        return;
+    }
+    match (spark, ours) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in a {
+                if k == "customMetrics" {
+                    continue;
+                }
+                match b.get(k) {
+                    Some(w) => same_shape(v, w, &format!("{path}.{k}"), differences),
+                    None => differences.push(format!("{path}.{k}: missing")),
+                }
+            }
+        }
+        (Value::Array(a), Value::Array(b)) => {
+            if a.len() != b.len() {
+                differences.push(format!("{path}: {} entries, ours {}", a.len(), b.len()));
+            }
+            for (i, (v, w)) in a.iter().zip(b).enumerate() {
+                same_shape(v, w, &format!("{path}[{i}]"), differences);
+            }
+        }
+        _ => {}
     }
 }
 

@@ -54,6 +54,64 @@ fn run_processes_what_is_new_and_exits() {
     assert!(stdout.contains("| 18 | 326.25 |"), "stdout:\n{stdout}");
 }
 
+/// Off a terminal, `tidemark run` reports progress as log lines; with `--log-format json`
+/// each line of stderr is one JSON object, with the query and batch as fields.
+#[test]
+fn run_logs_progress_as_json_lines() {
+    let tmp = tempfile::tempdir().unwrap();
+    let landing = tmp.path().join("landing");
+    std::fs::create_dir_all(&landing).unwrap();
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("sql/data");
+    std::fs::copy(data.join("clicks-1.json"), landing.join("1.json")).unwrap();
+    std::fs::copy(data.join("clicks-2.json"), landing.join("2.json")).unwrap();
+    let script = tmp.path().join("job.sql");
+    std::fs::write(
+        &script,
+        format!(
+            "CREATE STREAM clicks (user_id TEXT, page TEXT, event_time TIMESTAMP, \
+             duration_s DOUBLE PRECISION) WITH (format = 'json', path = '{}', max_files_per_trigger = 1);
+             CREATE SINK copy WITH (trigger = 'available_now') AS SELECT user_id FROM clicks;",
+            landing.display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .arg("run")
+        .arg(&script)
+        .arg("--data-dir")
+        .arg(tmp.path().join("data"))
+        .args(["--log-format", "json"])
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run tidemark");
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let lines: Vec<serde_json::Value> = text(&out.stderr)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    // One progress line per batch: two files, one a batch; the second leaves none.
+    let progress: Vec<(u64, u64)> = lines
+        .iter()
+        .filter(|l| {
+            l["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("progress:"))
+        })
+        .map(|l| {
+            assert_eq!(l["fields"]["query"], "copy", "{l}");
+            (
+                l["fields"]["done"].as_u64().unwrap(),
+                l["fields"]["left"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(progress, vec![(1, 1), (2, 0)]);
+    assert!(
+        lines.iter().all(|l| l["level"] != "ERROR"),
+        "a normal run logs no ERROR: {lines:?}"
+    );
+}
+
 #[test]
 fn run_exits_non_zero_with_the_error() {
     let tmp = tempfile::tempdir().unwrap();

@@ -104,6 +104,9 @@ pub struct ListedFile {
     pub path: String,
     /// Modification time, ms since the epoch.
     pub timestamp: i64,
+    /// Its size in bytes when listed (for the backlog; not in the log).
+    #[serde(skip)]
+    pub size: u64,
 }
 
 impl ListedFile {
@@ -171,6 +174,10 @@ struct ReadCounters {
     missing: u64,
     /// Files whose rows came from the read-ahead.
     read_ahead: u64,
+    /// Each file's modification time and rows.
+    arrivals: Vec<super::Arrival>,
+    /// Files read.
+    files: u64,
 }
 
 /// A query's file source: the configuration and the query's log of files taken.
@@ -184,6 +191,8 @@ pub struct FileSource {
     fixed: Option<Vec<ListedFile>>,
     counters: Arc<Mutex<ReadCounters>>,
     ahead: Arc<ReadAhead>,
+    /// Files listed but not taken by the last `latest_offset`: how many, how many bytes.
+    outstanding: (u64, u64),
 }
 
 fn log_offset(o: &Offset) -> Result<u64> {
@@ -211,6 +220,7 @@ impl FileSource {
             fixed: None,
             counters: Default::default(),
             ahead: Default::default(),
+            outstanding: (0, 0),
         })
     }
 }
@@ -256,12 +266,14 @@ impl Source for FileSource {
             };
             let mut unseen = listed.into_iter().filter(|f| !self.seen.contains(&f.path));
             let new: Vec<ListedFile> = unseen.by_ref().take(limit).collect();
+            let rest: Vec<ListedFile> = unseen.collect();
+            self.outstanding = (rest.len() as u64, rest.iter().map(|f| f.size).sum());
             // The batch after this one takes the next files, unless others land before them.
             self.ahead
                 .guess(if limit == usize::MAX || !self.config.read_ahead {
                     Vec::new()
                 } else {
-                    within_budget(unseen.take(limit).map(|f| f.local_path()))
+                    within_budget(rest.iter().take(limit).map(|f| f.local_path()))
                 });
             if !new.is_empty() {
                 let k = self.last_log.map_or(0, |k| k + 1);
@@ -280,7 +292,12 @@ impl Source for FileSource {
         let mut paths = Vec::new();
         if start != Some(end) {
             for k in start.map_or(0, |s| s + 1)..=end {
-                paths.extend(self.log.entry(k)?.into_iter().map(|e| local_path(&e.path)));
+                paths.extend(
+                    self.log
+                        .entry(k)?
+                        .into_iter()
+                        .map(|e| (local_path(&e.path), e.timestamp)),
+                );
             }
         }
         *self.counters.lock().unwrap_or_else(|e| e.into_inner()) = ReadCounters::default();
@@ -288,9 +305,9 @@ impl Source for FileSource {
         let decoder = Arc::new(self.config.decoder.clone());
         let files: Vec<_> = paths
             .into_iter()
-            .map(|p| {
+            .map(|(p, landed)| {
                 let ahead = self.ahead.take(&p);
-                (p, ahead)
+                (p, landed, ahead)
             })
             .collect();
         self.ahead.forget();
@@ -298,25 +315,30 @@ impl Source for FileSource {
         // Files are decoded in parallel, their batches kept in file order; with fewer files
         // than cores, a large file is decoded in pieces on the spare ones.
         let threads = (crate::config::parallelism() / files.len().max(1)).max(1);
-        let reads = futures::stream::iter(files.into_iter().map(move |(p, ahead)| {
+        let reads = futures::stream::iter(files.into_iter().map(move |(p, landed, ahead)| {
             let decoder = reads_decoder.clone();
             async move {
                 let path = p.display().to_string();
                 if let Some(ahead) = ahead
                     && let Some(read) = ahead.get().await
                 {
-                    return Ok((path, read, true));
+                    return Ok((path, landed, read, true));
                 }
                 tokio::task::spawn_blocking(move || decoder.read_on(&p, threads))
                     .await
                     .map_err(|e| Error::Internal(format!("file reader panicked: {e}")))?
-                    .map(|read| (path, read, false))
+                    .map(|read| (path, landed, read, false))
             }
         }))
         .buffered(crate::config::parallelism())
         .map(move |r| {
-            let (path, read, was_ahead) = r?;
+            let (path, landed, read, was_ahead) = r?;
             let mut c = counters.lock().unwrap_or_else(|e| e.into_inner());
+            c.files += 1;
+            c.arrivals.push(super::Arrival {
+                at_ms: landed,
+                rows: read.batches.iter().map(|b| b.num_rows() as u64).sum(),
+            });
             c.malformed += read.malformed;
             c.rejected.extend(
                 read.rejected
@@ -343,7 +365,26 @@ impl Source for FileSource {
             ("numMalformedRows".to_string(), c.malformed.to_string()),
             ("numMissingFiles".to_string(), c.missing.to_string()),
             ("numFilesReadAhead".to_string(), c.read_ahead.to_string()),
+            ("numFilesRead".to_string(), c.files.to_string()),
         ])
+    }
+
+    fn take_arrivals(&self) -> Vec<super::Arrival> {
+        std::mem::take(
+            &mut self
+                .counters
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .arrivals,
+        )
+    }
+
+    fn backlog(&self, _end: Option<&Offset>) -> super::Backlog {
+        super::Backlog {
+            files: Some(self.outstanding.0),
+            bytes: Some(self.outstanding.1),
+            rows: None,
+        }
     }
 
     fn take_malformed(&self) -> Vec<super::MalformedRecord> {
@@ -384,6 +425,7 @@ fn listed(path: &Path, meta: &std::fs::Metadata) -> ListedFile {
     ListedFile {
         path: format!("file://{}", path.display()),
         timestamp,
+        size: meta.len(),
     }
 }
 
