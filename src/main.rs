@@ -269,9 +269,15 @@ fn show_progress(
     tokio::spawn(async move {
         let bars = indicatif::MultiProgress::new();
         let style = indicatif::ProgressStyle::with_template(
-            "{prefix:>12} [{bar:30}] {pos}/{len} {msg} ({per_sec}, {eta} left)",
+            "{prefix:>12} [{bar:30}] {pos}/{len} {msg} ({rate}, {eta} left)",
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .with_key(
+            "rate",
+            |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = write!(w, "{:.1}/s", s.per_sec());
+            },
+        )
         .progress_chars("=> ");
         // Per sink: its bar, and what it has read so far (files, rows).
         let mut sinks: BTreeMap<String, (indicatif::ProgressBar, u64, u64)> = BTreeMap::new();

@@ -406,6 +406,8 @@ fn serialize_opt_ts<S: serde::Serializer>(
 pub struct Registry {
     statuses: RwLock<BTreeMap<String, QueryStatus>>,
     progress: RwLock<HashMap<String, VecDeque<Progress>>>,
+    /// Each query's last idle report, if it came after its last batch's.
+    idle: RwLock<HashMap<String, Progress>>,
     /// Bumped on every change; waiters (`FLUSH`, `tidemark run`) watch it.
     changed: watch::Sender<u64>,
     /// Listener events, to every subscriber (the wire's `LISTEN`, `tidemark run`).
@@ -417,6 +419,7 @@ impl Default for Registry {
         Registry {
             statuses: RwLock::default(),
             progress: RwLock::default(),
+            idle: RwLock::default(),
             changed: watch::channel(0).0,
             events: broadcast::channel(4096).0,
         }
@@ -463,6 +466,10 @@ impl Registry {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(name);
+        self.idle
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
         self.bump();
     }
 
@@ -483,9 +490,21 @@ impl Registry {
             .collect()
     }
 
-    /// Records a report, keeping the last ones as Spark's `recentProgress` does.
+    /// Records a report. Batches' reports are kept as Spark's `recentProgress` keeps
+    /// reports (the last 99); an idle trigger's replaces the query's last idle report
+    /// instead, so that a query idle for long keeps its batches' reports (Spark's idle
+    /// reports, one per 10 s, would push them all out in 17 minutes).
     pub fn push_progress(&self, p: Progress) {
-        {
+        if p.idle {
+            self.idle
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(p.name.clone(), p);
+        } else {
+            self.idle
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&p.name);
             let mut map = self.progress.write().unwrap_or_else(|e| e.into_inner());
             let q = map.entry(p.name.clone()).or_default();
             q.push_back(p);
@@ -496,8 +515,16 @@ impl Registry {
         self.bump();
     }
 
-    /// A query's last report (Spark's `lastProgress`).
+    /// A query's last report, of a batch or of an idle trigger (Spark's `lastProgress`).
     pub fn last_progress(&self, name: &str) -> Option<Progress> {
+        if let Some(idle) = self
+            .idle
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+        {
+            return Some(idle.clone());
+        }
         self.progress
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -505,7 +532,7 @@ impl Registry {
             .and_then(|q| q.back().cloned())
     }
 
-    /// A query's kept reports, oldest first.
+    /// A query's kept batch reports, oldest first.
     pub fn recent_progress(&self, name: &str) -> Vec<Progress> {
         self.progress
             .read()
@@ -526,15 +553,14 @@ impl Registry {
         self.events.subscribe()
     }
 
-    /// Every kept report of an executed batch, by query name then batch (idle triggers'
-    /// reports are left out: `tidemark.progress` has a row per batch).
+    /// Every kept batch report, by query name then batch.
     pub fn all_progress(&self) -> Vec<Progress> {
         let map = self.progress.read().unwrap_or_else(|e| e.into_inner());
         let mut names: Vec<&String> = map.keys().collect();
         names.sort();
         names
             .into_iter()
-            .flat_map(|n| map[n].iter().filter(|p| !p.idle).cloned())
+            .flat_map(|n| map[n].iter().cloned())
             .collect()
     }
 
@@ -593,6 +619,19 @@ mod tests {
         assert_eq!(kept.len(), 99);
         assert_eq!(kept[0].batch_id, BatchId(51));
         assert_eq!(r.last_progress("q").unwrap().batch_id, BatchId(149));
+        // An idle report is the last report until the next batch, and evicts nothing.
+        let mut idle = kept[98].clone();
+        idle.batch_id = BatchId(150);
+        idle.idle = true;
+        for _ in 0..200 {
+            r.push_progress(idle.clone());
+        }
+        assert!(r.last_progress("q").unwrap().idle);
+        assert_eq!(r.recent_progress("q").len(), 99);
+        let mut next = kept[98].clone();
+        next.batch_id = BatchId(150);
+        r.push_progress(next);
+        assert!(!r.last_progress("q").unwrap().idle);
     }
 
     #[test]

@@ -144,7 +144,13 @@ async fn queries(State(state): State<AppState>) -> Response {
     let list: Vec<Value> = registry
         .all()
         .iter()
-        .map(|s| query_json(s, &registry.recent_progress(&s.name)))
+        .map(|s| {
+            query_json(
+                s,
+                &registry.recent_progress(&s.name),
+                registry.last_progress(&s.name),
+            )
+        })
         .collect();
     axum::Json(json!({
         "server": {"version": crate::config::PG_VERSION, "tidemark": env!("CARGO_PKG_VERSION"),
@@ -157,7 +163,12 @@ async fn queries(State(state): State<AppState>) -> Response {
 async fn query(State(state): State<AppState>, Path(name): Path<String>) -> Response {
     let registry = state.engine.registry();
     match registry.get(&name) {
-        Some(s) => axum::Json(query_json(&s, &registry.recent_progress(&name))).into_response(),
+        Some(s) => axum::Json(query_json(
+            &s,
+            &registry.recent_progress(&name),
+            registry.last_progress(&name),
+        ))
+        .into_response(),
         None => (
             StatusCode::NOT_FOUND,
             axum::Json(json!({"error": format!("query \"{name}\" does not exist")})),
@@ -168,13 +179,8 @@ async fn query(State(state): State<AppState>, Path(name): Path<String>) -> Respo
 
 /// A query for `/api/queries`: its status, plan and checkpoint, its last report whole
 /// (Spark's `lastProgress`, idle or not) and its batches' figures, oldest first, for charts.
-fn query_json(s: &QueryStatus, reports: &[Progress]) -> Value {
-    let last = reports.last();
-    let batches: Vec<Value> = reports
-        .iter()
-        .filter(|p| !p.idle)
-        .map(batch_figures)
-        .collect();
+fn query_json(s: &QueryStatus, reports: &[Progress], last: Option<Progress>) -> Value {
+    let batches: Vec<Value> = reports.iter().map(batch_figures).collect();
     json!({
         "name": s.name,
         "id": s.id,

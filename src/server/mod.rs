@@ -80,6 +80,7 @@ pub fn prepare_session(engine: &Engine) -> crate::error::Result<()> {
     information_schema::install(engine, "datafusion")?;
     ctx.register_udf(version_udf());
     ctx.register_udf(session::current_setting_udf());
+    ctx.register_udf(notify::pg_notify_udf());
     Ok(())
 }
 

@@ -118,6 +118,54 @@ pub fn notify(pid: i32, channel: &str, payload: &str) {
     }
 }
 
+/// `pg_notify(channel, payload, sender pid)` (the wire's rewrite adds the pid): `NOTIFY`
+/// as a function, its channel taken as written (not folded). Returns an empty text, as
+/// Postgres's `void` prints.
+pub fn pg_notify_udf() -> datafusion::logical_expr::ScalarUDF {
+    use datafusion::arrow::array::{Array, AsArray, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Int64Type};
+    use datafusion::logical_expr::{ColumnarValue, Volatility, create_udf};
+    create_udf(
+        "pg_notify",
+        vec![DataType::Utf8, DataType::Utf8, DataType::Int64],
+        DataType::Utf8,
+        Volatility::Volatile,
+        Arc::new(|args: &[ColumnarValue]| {
+            let arrays = ColumnarValue::values_to_arrays(args)?;
+            let cast = |i: usize, t: &DataType| datafusion::arrow::compute::cast(&arrays[i], t);
+            let channels = cast(0, &DataType::Utf8)?;
+            let payloads = cast(1, &DataType::Utf8)?;
+            let pids = cast(2, &DataType::Int64)?;
+            let (channels, payloads) = (channels.as_string::<i32>(), payloads.as_string::<i32>());
+            let pids = pids.as_primitive::<Int64Type>();
+            for i in 0..channels.len() {
+                if channels.is_null(i) || channels.value(i).is_empty() {
+                    return Err(datafusion::error::DataFusionError::External(Box::new(
+                        Error::invalid_option("channel name cannot be empty"),
+                    )));
+                }
+                let payload = if payloads.is_null(i) {
+                    ""
+                } else {
+                    payloads.value(i)
+                };
+                check_payload(payload)
+                    .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+                let pid = if pids.is_null(i) {
+                    0
+                } else {
+                    pids.value(i) as i32
+                };
+                notify(pid, channels.value(i), payload);
+            }
+            Ok(ColumnarValue::Array(Arc::new(StringArray::from(vec![
+                Some("");
+                channels.len()
+            ]))))
+        }),
+    )
+}
+
 /// The channel of one query's events: `tidemark_events_<name>`, cut to Postgres's 63
 /// bytes as a `LISTEN` of that name would be.
 pub fn query_channel(name: &str) -> String {

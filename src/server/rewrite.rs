@@ -42,6 +42,7 @@ pub struct SessionFacts {
 ///   `pg_backend_pid()` the connection's pid: the session's engine is shared by every
 ///   connection, so these are filled in per statement; `pg_cancel_backend(pid)` and
 ///   `pg_terminate_backend(pid)` get the user as a second argument, whose rights they check;
+///   `pg_notify(channel, payload)` gets the pid as a third, the notification's sender;
 /// - `'pg_class'::regclass` (and the other system catalogs) is the catalog's oid in
 ///   Postgres, the `classoid` of `pg_description`'s and `pg_depend`'s rows;
 /// - `x::regtype::text` is `format_type(x, NULL)`, the type's name (`integer`), as
@@ -73,6 +74,7 @@ pub fn rewrite_client_query(sql: &str, session: &SessionFacts) -> Option<String>
         "pg_user",
         "pg_stat_activity",
         "indkey",
+        "pg_notify",
     ]
     .iter()
     .any(|w| lower.contains(w));
@@ -878,6 +880,22 @@ impl VisitorMut for SessionRewrite<'_> {
                 }
                 None
             }
+            // `pg_notify(channel, payload)` notifies from the caller's pid.
+            Expr::Function(f) if function_name(f) == "pg_notify" => {
+                use datafusion::sql::sqlparser::ast::{
+                    FunctionArg, FunctionArgExpr, FunctionArguments,
+                };
+                if let FunctionArguments::List(list) = &mut f.args
+                    && list.args.len() == 2
+                {
+                    list.args
+                        .push(FunctionArg::Unnamed(FunctionArgExpr::Expr(number(
+                            self.session.pid,
+                        ))));
+                    self.changed = true;
+                }
+                None
+            }
             Expr::Cast {
                 expr: inner,
                 data_type,
@@ -1482,6 +1500,12 @@ mod tests {
                 user: "ann".into(),
             },
         )
+    }
+
+    #[test]
+    fn pg_notify_sends_from_the_callers_pid() {
+        let sql = rewrite("SELECT pg_notify('chat', 'hi')").unwrap();
+        assert!(sql.contains("pg_notify('chat', 'hi', 42)"), "{sql}");
     }
 
     #[test]

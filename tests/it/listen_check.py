@@ -81,6 +81,10 @@ def with_psycopg():
         for n in listener.notifies(timeout=remaining, stop_after=1):
             received.append((n.channel, n.payload, n.pid))
     check(received, pid)
+    # pg_notify(): NOTIFY as a function, from the writer's pid.
+    writer.execute("SELECT pg_notify('chat', 'by function')")
+    got = [(n.channel, n.payload, n.pid) for n in listener.notifies(timeout=DEADLINE_S, stop_after=1)]
+    assert got == [("chat", "by function", pid)], got
     # UNLISTEN: only `other` is still heard.
     listener.execute("UNLISTEN chat")
     writer.execute("NOTIFY chat, 'unheard'")
