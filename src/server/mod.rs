@@ -606,12 +606,15 @@ impl SimpleQueryHandler for TidemarkService {
                             (_, r) => r,
                         })
                         .map(|r| interrupt::response_until(r, stop.clone()))
-                        .collect()
+                        .collect::<Vec<_>>()
                 });
             // It may have changed the session or the catalog (an INSERT changes rows only,
             // which kept plans read afresh: a writer beside a dashboard keeps its plans).
             if !(pieces.len() == 1 && starts_with_keyword(query, "INSERT")) {
                 self.plans.invalidate();
+            }
+            if let Ok(responses) = &out {
+                count_errors(responses);
             }
             return out;
         }
@@ -642,7 +645,18 @@ impl SimpleQueryHandler for TidemarkService {
             }
         }
         self.plans.invalidate();
+        count_errors(&results);
         Ok(results)
+    }
+}
+
+/// Counts the errors answered inside a multi-statement message's responses (an error
+/// that fails the whole message is counted by the connection loop).
+fn count_errors(responses: &[Response]) {
+    for r in responses {
+        if let Response::Error(e) = r {
+            metrics::counter!("tidemark_errors_total", "sqlstate" => e.code.clone()).increment(1);
+        }
     }
 }
 

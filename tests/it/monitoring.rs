@@ -155,8 +155,14 @@ async fn metrics_api_and_progress_tables_agree_with_the_batches() {
     let server = TestServer::start(&tmp.path().join("data"), 0, &[]).await;
     let client = server.connect().await;
     pipeline(&client).await;
-    // A statement that fails, counted by SQLSTATE.
+    // Statements that fail, counted by SQLSTATE: alone, and inside a message of several.
     assert!(client.simple_query("SELECT * FROM nowhere").await.is_err());
+    assert!(
+        client
+            .batch_execute("SHOW PROGRESS nosuch; SELECT 1")
+            .await
+            .is_err()
+    );
     let batches: u64 = one(
         &client,
         "SELECT count(*) FROM tidemark.progress WHERE name = 'per_minute'",
@@ -223,6 +229,10 @@ async fn metrics_api_and_progress_tables_agree_with_the_batches() {
     assert!(value("tidemark_statements_total", &[]).unwrap() >= 4.0);
     assert_eq!(
         value("tidemark_errors_total", &[("sqlstate", "42P01")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        value("tidemark_errors_total", &[("sqlstate", "42704")]),
         Some(1.0)
     );
     // The batch-duration histogram, by phase: one observation per batch.
