@@ -232,7 +232,7 @@ impl SystemTable {
     /// `tidemark.progress`.
     pub fn progress(registry: Arc<Registry>) -> SystemTable {
         SystemTable {
-            schema: progress_schema(),
+            schema: schema_of(progress_rows),
             registry,
             build: |r, _| progress_rows(&r.all_progress()),
         }
@@ -393,19 +393,6 @@ impl<'a, T> Columns<'a, T> {
             self.arrays,
         )?)
     }
-}
-
-/// The columns of `tidemark.progress`.
-pub fn progress_schema() -> SchemaRef {
-    schema_of(progress_rows)
-}
-
-/// One row per kept progress report.
-pub fn progress_batch(
-    reports: &[Progress],
-    _schema: &SchemaRef,
-) -> datafusion::error::Result<RecordBatch> {
-    progress_rows(reports)
 }
 
 /// A source offset as text: one source's, or a JSON array of several, by source index.
