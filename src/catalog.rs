@@ -36,6 +36,37 @@ pub struct StreamDef {
     /// Derived from the above on creation and on load.
     #[serde(skip)]
     pub source: Option<StreamSource>,
+    /// Why the stream could not be loaded, when it could not: it is kept as declared
+    /// (and in `catalog.json`), listed with this error, and mended by `DROP STREAM`.
+    #[serde(skip)]
+    pub broken: Option<Broken>,
+}
+
+/// Why a catalog object could not be loaded: the error, with its SQLSTATE, as `CREATE`
+/// would have sent it. A broken object stays in the catalog and answers with it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Broken {
+    pub state: crate::error::SqlState,
+    pub message: String,
+}
+
+impl Broken {
+    pub fn of(e: &Error) -> Broken {
+        Broken {
+            state: e.sqlstate(),
+            message: e.to_string(),
+        }
+    }
+
+    /// The error a statement that uses the object gets.
+    pub fn error(&self, kind: &'static str, name: &str) -> Error {
+        Error::Broken {
+            kind,
+            name: name.to_string(),
+            state: self.state,
+            message: self.message.clone(),
+        }
+    }
 }
 
 /// Where a stream's rows come from, as its options configure it.
@@ -270,6 +301,7 @@ impl StreamDef {
             watermark,
             options,
             source: Some(StreamSource::File(Arc::new(source))),
+            broken: None,
         })
     }
 
@@ -302,6 +334,7 @@ impl StreamDef {
             watermark,
             options,
             source: Some(StreamSource::Table(config)),
+            broken: None,
         })
     }
 
@@ -313,15 +346,7 @@ impl StreamDef {
         watermark: Option<WatermarkSpec>,
         options: Options,
     ) -> Result<StreamDef> {
-        if !columns.is_empty() {
-            return Err(Error::InvalidOption {
-                message: format!("a {connector} stream has the fixed columns timestamp and value"),
-                hint: Some(format!(
-                    "Leave the column list out: CREATE STREAM {name} WITH (connector = '{connector}', ...)."
-                )),
-            });
-        }
-        let columns = vec![
+        let fixed = vec![
             ColumnSpec {
                 name: "timestamp".into(),
                 sql_type: "TIMESTAMP".into(),
@@ -335,6 +360,16 @@ impl StreamDef {
                 not_null: false,
             },
         ];
+        // The catalog stores the fixed columns it derived: a reload passes them back.
+        if !columns.is_empty() && !same_columns(&columns, &fixed) {
+            return Err(Error::InvalidOption {
+                message: format!("a {connector} stream has the fixed columns timestamp and value"),
+                hint: Some(format!(
+                    "Leave the column list out: CREATE STREAM {name} WITH (connector = '{connector}', ...)."
+                )),
+            });
+        }
+        let columns = fixed;
         if let Some(wm) = &watermark {
             check_watermark(&columns, wm)?;
         }
@@ -380,6 +415,7 @@ impl StreamDef {
             watermark,
             options,
             source: Some(source),
+            broken: None,
         })
     }
 
@@ -392,18 +428,7 @@ impl StreamDef {
     ) -> Result<StreamDef> {
         options.check(&crate::source::nexmark::OPTIONS)?;
         let table = NexmarkTable::parse(options.get("table").unwrap_or("bid"))?;
-        if !columns.is_empty() {
-            return Err(Error::InvalidOption {
-                message: format!(
-                    "a nexmark stream has the fixed columns of its table ({})",
-                    table.name()
-                ),
-                hint: Some(format!(
-                    "Leave the column list out: CREATE STREAM {name} WITH (connector = 'nexmark', ...)."
-                )),
-            });
-        }
-        let columns = table
+        let fixed = table
             .columns()
             .iter()
             .map(|(c, ty)| {
@@ -415,6 +440,19 @@ impl StreamDef {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        // The catalog stores the fixed columns it derived: a reload passes them back.
+        if !columns.is_empty() && !same_columns(&columns, &fixed) {
+            return Err(Error::InvalidOption {
+                message: format!(
+                    "a nexmark stream has the fixed columns of its table ({})",
+                    table.name()
+                ),
+                hint: Some(format!(
+                    "Leave the column list out: CREATE STREAM {name} WITH (connector = 'nexmark', ...)."
+                )),
+            });
+        }
+        let columns = fixed;
         if let Some(wm) = &watermark {
             check_watermark(&columns, wm)?;
         }
@@ -435,6 +473,7 @@ impl StreamDef {
             watermark,
             options,
             source: Some(StreamSource::Nexmark(config)),
+            broken: None,
         })
     }
 
@@ -465,23 +504,60 @@ impl StreamDef {
             watermark,
             options,
             source: Some(StreamSource::Delta(config)),
+            broken: None,
         })
     }
 
-    /// Where this stream's rows come from.
-    pub fn source(&self) -> &StreamSource {
-        // Set by `try_new`, the only constructor; `load` goes through it too.
-        self.source
-            .as_ref()
-            .expect("stream source is derived on load")
+    /// Where this stream's rows come from; a broken stream's error.
+    pub fn source(&self) -> Result<&StreamSource> {
+        match (&self.source, &self.broken) {
+            (Some(s), _) => Ok(s),
+            (None, Some(b)) => Err(b.error("stream", &self.name)),
+            (None, None) => Err(Error::Internal(format!(
+                "stream \"{}\" has no source",
+                self.name
+            ))),
+        }
     }
 
+    /// The connector named in the options (or the one a stream without one gets).
+    pub fn connector(&self) -> &str {
+        match &self.source {
+            Some(s) => s.connector(),
+            None => self.options.get("connector").unwrap_or("table"),
+        }
+    }
+
+    /// The stream's columns: the source's, or for a broken stream the declared ones that
+    /// have a type.
     pub fn schema(&self) -> SchemaRef {
-        self.source().schema()
+        match &self.source {
+            Some(s) => s.schema(),
+            None => Arc::new(Schema::new(
+                self.columns
+                    .iter()
+                    .filter_map(|c| {
+                        sql_to_arrow(&c.sql_type)
+                            .ok()
+                            .map(|t| Field::new(&c.name, t, true))
+                    })
+                    .collect::<Vec<_>>(),
+            )),
+        }
     }
 }
 
 /// The Arrow schema of declared columns, each field's nullability given by `nullable`.
+/// Whether two column lists name the same columns with the same types.
+fn same_columns(a: &[ColumnSpec], b: &[ColumnSpec]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| {
+            x.name == y.name
+                && x.not_null == y.not_null
+                && sql_to_arrow(&x.sql_type).ok() == sql_to_arrow(&y.sql_type).ok()
+        })
+}
+
 fn schema_of(columns: &[ColumnSpec], nullable: impl Fn(&ColumnSpec) -> bool) -> SchemaRef {
     Arc::new(Schema::new(
         columns
@@ -715,6 +791,10 @@ pub struct Relation {
     pub description: String,
     /// A materialized view's query.
     pub definition: Option<String>,
+    /// The connector (a stream's or a sink's), `delta` for a table, `view` for a view.
+    pub connector: String,
+    /// Why it could not be loaded, if it could not (`tidemark.relations` shows it).
+    pub broken: Option<Broken>,
 }
 
 impl Catalog {
@@ -744,17 +824,23 @@ impl Catalog {
                 cat.version
             )));
         }
-        // A landing directory removed while the server was down must not stop startup: the
-        // stream is kept and its sinks fail with a clear error when they list it.
+        // A stream that no longer validates (a landing directory removed while the server
+        // was down, a catalog written by another build) must not stop startup: it is kept
+        // as declared, marked broken, and its sinks fail with its error.
         let mut streams = Vec::with_capacity(cat.streams.len());
         for s in cat.streams {
-            streams.push(StreamDef::try_new(
-                s.name,
-                s.columns,
-                s.watermark,
-                s.options,
-                false,
-            )?);
+            let kept = s.clone();
+            match StreamDef::try_new(s.name, s.columns, s.watermark, s.options, false) {
+                Ok(def) => streams.push(def),
+                Err(e) => {
+                    tracing::error!(stream = %kept.name, error = %e, "stream could not be loaded; it is kept, marked broken");
+                    streams.push(StreamDef {
+                        broken: Some(Broken::of(&e)),
+                        source: None,
+                        ..kept
+                    });
+                }
+            }
         }
         cat.streams = streams;
         Ok(cat)
@@ -792,10 +878,12 @@ impl Catalog {
             .map(|s| Relation {
                 name: s.name.clone(),
                 kind: RelationKind::Stream,
-                insertable: matches!(s.source(), StreamSource::Table(_)),
+                insertable: matches!(s.source(), Ok(StreamSource::Table(_))),
                 primary_key: Vec::new(),
-                description: format!("stream (connector = '{}')", s.source().connector()),
+                description: format!("stream (connector = '{}')", s.connector()),
                 definition: None,
+                connector: s.connector().to_string(),
+                broken: s.broken.clone(),
             })
             .chain(self.tables.iter().map(|t| Relation {
                 name: t.name.clone(),
@@ -804,6 +892,8 @@ impl Catalog {
                 primary_key: t.primary_key.clone(),
                 description: format!("table (Delta, {})", t.path.display()),
                 definition: None,
+                connector: "delta".into(),
+                broken: None,
             }))
             .chain(self.sinks.iter().map(|s| {
                 let view = s.kind == QueryKind::MaterializedView;
@@ -828,6 +918,14 @@ impl Catalog {
                         )
                     },
                     definition: view.then(|| s.query.clone()),
+                    connector: if view {
+                        "view".into()
+                    } else if s.merge.is_some() {
+                        "delta_merge".into()
+                    } else {
+                        connector.to_string()
+                    },
+                    broken: None,
                 }
             }))
             .collect();

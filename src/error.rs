@@ -176,6 +176,19 @@ pub enum Error {
     /// DataFusion failed while planning or executing.
     #[error("{}", postgres_error(.0).message)]
     DataFusion(#[from] DataFusionError),
+    /// A value the statement computed that its type cannot hold (22003), or a division by
+    /// zero (22012): the statement fails rather than answer a wrapped number or `inf`.
+    #[error("{message}")]
+    DataException { state: SqlState, message: String },
+    /// A catalog object that could not be loaded at startup: kept, and answering every
+    /// statement that uses it with why (and the SQLSTATE of that error).
+    #[error("{kind} \"{name}\" is broken: {message}")]
+    Broken {
+        kind: &'static str,
+        name: String,
+        state: SqlState,
+        message: String,
+    },
     /// A bug: an invariant did not hold.
     #[error("internal error: {0}")]
     Internal(String),
@@ -214,6 +227,7 @@ impl Error {
             Error::Io { .. } => SqlState::IoError,
             Error::Delta { .. } => SqlState::IoError,
             Error::DataFusion(e) => classify_datafusion(e),
+            Error::Broken { state, .. } | Error::DataException { state, .. } => *state,
             Error::Internal(_) => SqlState::InternalError,
         }
     }
@@ -228,6 +242,11 @@ impl Error {
                 Some(hint.clone())
             }
             Error::DataFusion(e) => postgres_error(e).hint,
+            Error::Broken { kind, name, .. } => Some(format!(
+                "It could not be loaded when the server started. DROP {} {name} and create it \
+                 again to mend it.",
+                kind.to_uppercase()
+            )),
             _ => None,
         }
     }

@@ -270,6 +270,7 @@ impl Engine {
         }
         cat.tables.retain(|t| t.name != name);
         cat.save(&self.data_dir)?;
+        self.forget_problem(name);
         self.ctx
             .deregister_table(TableReference::bare(name.to_string()))?;
         if purge {

@@ -4,6 +4,7 @@
 //! [`Engine::execute`]) and starts, stops and watches one tokio task per running sink.
 
 pub mod aggregate;
+pub mod checked;
 pub mod dedup;
 mod delta_tables;
 pub mod join;
@@ -82,6 +83,9 @@ pub struct Engine {
     /// The catalog's roles, by name, for logins and privilege checks (which must not wait
     /// for a DDL statement holding the catalog).
     roles: Mutex<HashMap<String, crate::auth::RoleDef>>,
+    /// Objects that could not be loaded at startup, by name (beyond the streams the
+    /// catalog itself marks broken): shown by `tidemark.relations`, forgotten on `DROP`.
+    problems: Mutex<HashMap<String, crate::catalog::Broken>>,
     me: Weak<Engine>,
 }
 
@@ -111,9 +115,13 @@ impl Engine {
             clock: crate::clock::system(),
             shutting_down: Default::default(),
             roles: Default::default(),
+            problems: Default::default(),
             me: me.clone(),
         });
         window::register_udfs(&engine.ctx);
+        engine
+            .ctx
+            .add_analyzer_rule(Arc::new(checked::CheckedArithmetic));
         let tidemark_schema = Arc::new(MemorySchemaProvider::new());
         engine
             .ctx
@@ -144,26 +152,34 @@ impl Engine {
                 vec![vec![options_batch(&schema)?]],
             )?),
         )?;
+        // Nothing a catalog object holds stops the server from starting: an object that
+        // cannot be loaded is logged, kept and listed with its error (tidemark.relations).
+        engine.ctx.register_table(
+            TableReference::partial("tidemark", "relations"),
+            Arc::new(tables::RelationsTable::new(engine.me.clone())),
+        )?;
         for s in &catalog.streams {
             if let Err(e) = engine.register_stream(s).await {
-                // A Delta table removed while the server was down must not stop startup.
-                match s.source() {
-                    StreamSource::Delta(_) => {
-                        tracing::warn!(stream = %s.name, error = %e, "stream is not readable")
-                    }
-                    _ => return Err(e),
-                }
+                tracing::error!(stream = %s.name, error = %e, "stream is not readable");
+                engine.mark_broken(&s.name, &e);
+                let broken = crate::catalog::Broken::of(&e);
+                let table = tables::BrokenTable::new("stream", &s.name, s.schema(), broken);
+                engine
+                    .ctx
+                    .register_table(TableReference::bare(s.name.clone()), Arc::new(table))?;
             }
         }
         for t in &catalog.tables {
             if let Err(e) = engine.register_table(t).await {
                 // A table removed while the server was down must not stop startup.
-                tracing::warn!(table = %t.name, error = %e, "table is not readable");
+                tracing::error!(table = %t.name, error = %e, "table is not readable");
+                engine.mark_broken(&t.name, &e);
             }
         }
         for s in &catalog.sinks {
             if let Err(e) = engine.register_sink(s, &catalog).await {
-                tracing::warn!(sink = %s.name, error = %e, "sink table is not readable");
+                tracing::error!(sink = %s.name, error = %e, "sink table is not readable");
+                engine.mark_broken(&s.name, &e);
             }
             let status = match s.state {
                 SinkState::Running | SinkState::Stopped => Status::Stopped,
@@ -181,6 +197,22 @@ impl Engine {
         engine.set_roles(&catalog.roles);
         *engine.catalog.lock().await = catalog;
         Ok(engine)
+    }
+
+    /// Records that a catalog object could not be loaded.
+    fn mark_broken(&self, name: &str, e: &Error) {
+        self.problems
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_string(), crate::catalog::Broken::of(e));
+    }
+
+    /// Forgets a dropped object's problem.
+    fn forget_problem(&self, name: &str) {
+        self.problems
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
     }
 
     /// The session client queries run in.
@@ -202,12 +234,34 @@ impl Engine {
         for s in cat.sinks.iter().filter(|s| s.state == SinkState::Running) {
             if let Err(e) = self.spawn(&cat, s) {
                 tracing::error!(sink = %s.name, error = %e, "could not resume sink");
+                // Shown by SHOW QUERIES; the catalog keeps `running`, so a restart after
+                // the cause is mended resumes it.
+                let mut qs = self
+                    .registry
+                    .get(&s.name)
+                    .unwrap_or_else(|| QueryStatus::new(&s.name, Status::Failed));
+                qs.status = Status::Failed;
+                qs.error = Some(e.to_string());
+                self.registry.set(qs);
             }
         }
     }
 
     async fn register_stream(&self, s: &StreamDef) -> Result<()> {
-        let table: Arc<dyn datafusion::datasource::TableProvider> = match s.source() {
+        if let Some(broken) = &s.broken {
+            // Its name stays taken, and a query over it gets its error.
+            self.ctx.register_table(
+                TableReference::bare(s.name.clone()),
+                Arc::new(tables::BrokenTable::new(
+                    "stream",
+                    &s.name,
+                    s.schema(),
+                    broken.clone(),
+                )),
+            )?;
+            return Ok(());
+        }
+        let table: Arc<dyn datafusion::datasource::TableProvider> = match s.source()? {
             StreamSource::File(f) => Arc::new(f.table()),
             StreamSource::Table(config) => {
                 let log = TableLog::open(&s.name, &self.stream_dir(&s.name), config.clone())?;
@@ -758,6 +812,7 @@ impl Engine {
         }
         cat.streams.retain(|s| s.name != name);
         cat.save(&self.data_dir)?;
+        self.forget_problem(name);
         self.ctx
             .deregister_table(TableReference::bare(name.to_string()))?;
         let log = self
@@ -794,6 +849,7 @@ impl Engine {
         };
         cat.sinks.retain(|s| s.name != name);
         cat.save(&self.data_dir)?;
+        self.forget_problem(name);
         self.ctx
             .deregister_table(TableReference::bare(name.to_string()))?;
         self.registry.remove(name);
@@ -947,7 +1003,7 @@ impl Engine {
         status.error = None;
         // Reset before the task runs, so a FLUSH right after START sees this run's counts.
         status.triggers = 0;
-        status.last_idle_trigger = 0;
+        status.last_drained_trigger = 0;
         self.registry.set(status);
         let task = QueryTask {
             def: def.clone(),
@@ -1082,12 +1138,18 @@ impl Engine {
                 .collect(),
         };
         for n in names {
-            self.wait_caught_up(&n, sink.is_some()).await?;
+            let noun = self
+                .catalog
+                .lock()
+                .await
+                .sink(&n)
+                .map_or("sink", |d| d.kind.noun());
+            self.wait_caught_up(&n, noun, sink.is_some()).await?;
         }
         Ok(Output::Command("FLUSH".into()))
     }
 
-    async fn wait_caught_up(&self, name: &str, explicit: bool) -> Result<()> {
+    async fn wait_caught_up(&self, name: &str, noun: &str, explicit: bool) -> Result<()> {
         let mut changes = self.registry.subscribe();
         let Some(start) = self.registry.get(name) else {
             return Ok(());
@@ -1101,12 +1163,12 @@ impl Engine {
         if start.status != Status::Running || wake.is_none() {
             return match start.status {
                 Status::Failed => Err(Error::WrongState(format!(
-                    "sink \"{name}\" failed: {}",
+                    "{noun} \"{name}\" failed: {}",
                     start.error.unwrap_or_default()
                 ))),
-                Status::Stopped if explicit => {
-                    Err(Error::WrongState(format!("sink \"{name}\" is not running")))
-                }
+                Status::Stopped if explicit => Err(Error::WrongState(format!(
+                    "{noun} \"{name}\" is not running"
+                ))),
                 _ => Ok(()),
             };
         }
@@ -1120,11 +1182,11 @@ impl Engine {
             match s.status {
                 Status::Failed => {
                     return Err(Error::WrongState(format!(
-                        "sink \"{name}\" failed: {}",
+                        "{noun} \"{name}\" failed: {}",
                         s.error.unwrap_or_default()
                     )));
                 }
-                Status::Running if s.last_idle_trigger <= asked_at => {}
+                Status::Running if s.last_drained_trigger <= asked_at => {}
                 _ => return Ok(()),
             }
             // A trigger may be sleeping; keep nudging it.
@@ -1164,7 +1226,14 @@ impl Engine {
     /// Every stream, sink, table and materialized view, as clients' catalog queries
     /// describe them.
     pub async fn relations(&self) -> Vec<crate::catalog::Relation> {
-        self.catalog.lock().await.relations()
+        let mut out = self.catalog.lock().await.relations();
+        let problems = self.problems.lock().unwrap_or_else(|e| e.into_inner());
+        for r in &mut out {
+            if r.broken.is_none() {
+                r.broken = problems.get(&r.name).cloned();
+            }
+        }
+        out
     }
 
     /// The engine, shared (for parts of its session that need to call back into it).
@@ -1184,12 +1253,12 @@ impl Engine {
         let mut mfpt = Vec::new();
         for s in &cat.streams {
             let (format, path, limit) = match s.source() {
-                StreamSource::File(f) => (
+                Ok(StreamSource::File(f)) => (
                     Some(f.decoder.format.name().to_string()),
                     Some(f.path.display().to_string()),
                     f.max_files_per_trigger,
                 ),
-                StreamSource::Delta(d) => (
+                Ok(StreamSource::Delta(d)) => (
                     None,
                     Some(d.path.display().to_string()),
                     Some(d.max_files_per_trigger),
@@ -1198,7 +1267,7 @@ impl Engine {
             };
             rows.push([
                 Some(s.name.clone()),
-                Some(s.source().connector().into()),
+                Some(s.connector().into()),
                 format,
                 path,
                 Some(

@@ -1065,6 +1065,7 @@ fn streaming_context(runtime: Arc<BatchRuntime>, partitions: usize) -> SessionCo
         .build();
     let ctx = SessionContext::new_with_state(state);
     super::window::register_udfs(&ctx);
+    ctx.add_analyzer_rule(Arc::new(super::checked::CheckedArithmetic));
     ctx
 }
 
@@ -1197,7 +1198,16 @@ impl Builder<'_> {
                     }),
                 })))
             }
-            LogicalPlan::Aggregate(agg) => {
+            LogicalPlan::Aggregate(mut agg) => {
+                // The operator evaluates the aggregates itself, from this plan (before the
+                // analyzer): their integer sums and arithmetic are checked here
+                // (engine::checked); the names, and so the schema, stay the same.
+                let input_schema = agg.input.schema().clone();
+                agg.aggr_expr = agg
+                    .aggr_expr
+                    .into_iter()
+                    .map(|e| super::checked::rewrite_expr(e, &input_schema))
+                    .collect::<DfResult<_>>()?;
                 let mut marked = marked_columns(&agg.input);
                 // window(window_time(w), ...) groups by an expression that carries the mark:
                 // compute it as a column below, so the operator assigns windows over it.

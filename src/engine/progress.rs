@@ -62,8 +62,10 @@ pub struct QueryStatus {
     pub error: Option<String>,
     /// Number of triggers started in this run.
     pub triggers: u64,
-    /// The trigger number of the last trigger that found no new data.
-    pub last_idle_trigger: u64,
+    /// The number of the last trigger that left nothing its sources held when it started:
+    /// it found no new data, or committed a batch no read limit cut short. `FLUSH` waits
+    /// for one that started after it was called.
+    pub last_drained_trigger: u64,
     /// The running plan, as `EXPLAIN CREATE SINK` prints it; known once the run starts.
     pub plan: Vec<String>,
     /// The checkpoint directory.
@@ -83,7 +85,7 @@ impl QueryStatus {
             last_progress_at: None,
             error: None,
             triggers: 0,
-            last_idle_trigger: 0,
+            last_drained_trigger: 0,
             plan: Vec::new(),
             checkpoint: None,
             started_at: None,

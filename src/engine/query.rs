@@ -186,9 +186,9 @@ pub fn checkpoint_definition(
         source: streams
             .iter()
             .map(|stream| match stream.source() {
-                StreamSource::File(f) => f.identity(),
-                StreamSource::Delta(d) => format!("delta:{}", d.path.display()),
-                other => format!("{}:{}", other.connector(), stream.name),
+                Ok(StreamSource::File(f)) => f.identity(),
+                Ok(StreamSource::Delta(d)) => format!("delta:{}", d.path.display()),
+                _ => format!("{}:{}", stream.connector(), stream.name),
             })
             .collect::<Vec<_>>()
             .join(", "),
@@ -414,7 +414,10 @@ pub fn explain(def: &SinkDef, streams: &[&StreamDef], shape: &SinkShape) -> Resu
 }
 
 fn describe_source(stream: &StreamDef) -> String {
-    match stream.source() {
+    let Ok(source) = stream.source() else {
+        return format!("BrokenSource[{}]", stream.name);
+    };
+    match source {
         StreamSource::File(src) => format!(
             "FileStreamSource[{}] format={}{}",
             src.path.display(),
@@ -658,7 +661,7 @@ struct BatchStats {
 fn open_source(task: &QueryTask, ckpt: &Checkpoint, i: usize) -> Result<Box<dyn Source>> {
     let def = &task.def;
     let stream = &task.streams[i];
-    Ok(match stream.source() {
+    Ok(match stream.source()? {
         StreamSource::File(config) => {
             let mut config = config.clone();
             // A sink's max_files_per_trigger overrides its stream's.
@@ -852,6 +855,8 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         wants_no_data && pending.is_none() && next_batch > BatchId(0) && global_wm > last_batch_wm;
     let mut prev_trigger_start: Option<Instant> = None;
     let mut trigger_no: u64 = 0;
+    // A batch that drained its sources moved the watermark; FLUSH waits for it to apply.
+    let mut owed_watermark = false;
     let limit = match trigger {
         Trigger::Once => ReadLimit::AllAvailable,
         _ => ReadLimit::Default,
@@ -882,6 +887,9 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         let mut durations: BTreeMap<String, u64> = BTreeMap::new();
         let mut phases = Phases::new(trigger_start);
         let mut wal: Option<WalWrite> = None;
+        // Whether this trigger's batch takes everything its sources held when it started
+        // (a replayed batch was planned by an earlier run: it does not count).
+        let mut drains = false;
         let batch = match pending.take() {
             Some(p) => Some(p),
             None => {
@@ -895,6 +903,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                 }
                 durations.insert("latestOffset".into(), t.elapsed().as_millis() as u64);
                 phases.mark("latestOffset");
+                drains = !runner.sources.iter().any(|s| s.held_back());
                 let has_data = latest.iter().any(Option::is_some) && latest != committed_end;
                 if (has_data || no_data_due) && latest.iter().any(Option::is_some) {
                     let timestamp_ms = Utc::now().timestamp_millis();
@@ -940,9 +949,10 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         };
         match batch {
             None => {
+                owed_watermark = false;
                 runner
                     .registry
-                    .update(&runner.def.name, |s| s.last_idle_trigger = trigger_no);
+                    .update(&runner.def.name, |s| s.last_drained_trigger = trigger_no);
                 let elapsed = trigger_start.elapsed();
                 durations.insert("triggerExecution".into(), elapsed.as_millis() as u64);
                 runner.report_idle(
@@ -1010,12 +1020,25 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                     durations,
                 );
                 phases.mark("report");
+
                 tracing::debug!(sink = %runner.def.name, batch = b.id.get(), phases = %phases, "batch phases");
                 prev_trigger_start = Some(trigger_start);
                 committed_end = b.end.clone();
                 next_batch = b.id.next();
                 last_batch_wm = b.watermark_ms;
                 no_data_due = wants_no_data && global_wm > b.watermark_ms;
+                // FLUSH's mark: this batch took everything its sources held, and the
+                // watermark it moved needs no no-data batch, or an earlier such batch's
+                // watermark is now applied (a source that never runs dry leaves no room for
+                // a no-data batch: the next batch applies it).
+                if drains && (owed_watermark || !no_data_due) {
+                    owed_watermark = false;
+                    runner
+                        .registry
+                        .update(&runner.def.name, |s| s.last_drained_trigger = trigger_no);
+                } else if drains {
+                    owed_watermark = true;
+                }
                 if trigger == Trigger::Once {
                     return Ok(Outcome::Finished);
                 }

@@ -1,6 +1,7 @@
 //! DataFusion tables that Tidemark registers: table streams (read and `INSERT`), and the
 //! system tables `tidemark.queries`, `tidemark.progress`, `tidemark.sources` and
-//! `tidemark.state_operators`. (A file stream's table is
+//! `tidemark.state_operators`, `tidemark.relations`; a broken object's table. (A file
+//! stream's table is
 //! [`crate::format::FilesTable`].)
 
 use std::sync::Arc;
@@ -143,6 +144,133 @@ impl TableProvider for SinkOnlyTable {
             ),
             hint: Some("Create a sink over it and query the sink.".into()),
         })))
+    }
+}
+
+/// The table of an object that could not be loaded: its name stays taken, and a query
+/// over it gets the error that broke it.
+#[derive(Debug)]
+pub struct BrokenTable {
+    kind: &'static str,
+    name: String,
+    schema: SchemaRef,
+    broken: crate::catalog::Broken,
+}
+
+impl BrokenTable {
+    pub fn new(
+        kind: &'static str,
+        name: &str,
+        schema: SchemaRef,
+        broken: crate::catalog::Broken,
+    ) -> BrokenTable {
+        BrokenTable {
+            kind,
+            name: name.to_string(),
+            schema,
+            broken,
+        }
+    }
+}
+
+#[async_trait]
+impl TableProvider for BrokenTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        _projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        Err(DataFusionError::External(Box::new(
+            self.broken.error(self.kind, &self.name),
+        )))
+    }
+}
+
+/// `tidemark.relations`: every stream, sink, view and table, with its connector and,
+/// for one that could not be loaded, why.
+#[derive(Debug)]
+pub struct RelationsTable {
+    engine: std::sync::Weak<super::Engine>,
+}
+
+impl RelationsTable {
+    pub fn new(engine: std::sync::Weak<super::Engine>) -> RelationsTable {
+        RelationsTable { engine }
+    }
+
+    pub fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("name", DataType::Utf8, false),
+            Field::new("kind", DataType::Utf8, false),
+            Field::new("connector", DataType::Utf8, false),
+            Field::new("status", DataType::Utf8, false),
+            Field::new("sqlstate", DataType::Utf8, true),
+            Field::new("error", DataType::Utf8, true),
+        ]))
+    }
+}
+
+#[async_trait]
+impl TableProvider for RelationsTable {
+    fn schema(&self) -> SchemaRef {
+        Self::schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::View
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        use crate::catalog::RelationKind;
+        let relations = match self.engine.upgrade() {
+            Some(e) => e.relations().await,
+            None => Vec::new(),
+        };
+        let col = |f: &dyn Fn(&crate::catalog::Relation) -> Option<String>| -> ArrayRef {
+            Arc::new(relations.iter().map(f).collect::<StringArray>())
+        };
+        let batch = RecordBatch::try_new(
+            Self::schema(),
+            vec![
+                col(&|r| Some(r.name.clone())),
+                col(&|r| {
+                    Some(
+                        match r.kind {
+                            RelationKind::Stream => "stream",
+                            RelationKind::Sink => "sink",
+                            RelationKind::Table => "table",
+                            RelationKind::MaterializedView => "materialized view",
+                        }
+                        .into(),
+                    )
+                }),
+                col(&|r| Some(r.connector.clone())),
+                col(&|r| Some(if r.broken.is_some() { "broken" } else { "ok" }.into())),
+                col(&|r| r.broken.as_ref().map(|b| b.state.code().to_string())),
+                col(&|r| r.broken.as_ref().map(|b| b.message.clone())),
+            ],
+        )?;
+        Ok(MemorySourceConfig::try_new_exec(
+            &[vec![batch]],
+            Self::schema(),
+            projection.cloned(),
+        )?)
     }
 }
 

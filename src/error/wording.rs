@@ -102,7 +102,7 @@ fn reword_cast(m: &str) -> Option<Worded> {
     if let Some(rest) = m.strip_prefix("Cannot cast string '") {
         let (value, rest) = rest.rsplit_once("' to value of ")?;
         let arrow = rest.strip_suffix(" type")?;
-        let ty = pg_type_name(arrow)?;
+        let ty = input_type_name(pg_type_name(arrow)?);
         let state = if is_datetime(ty) {
             SqlState::InvalidDatetimeFormat
         } else {
@@ -111,6 +111,15 @@ fn reword_cast(m: &str) -> Option<Worded> {
         return Some(Worded::new(
             state,
             format!("invalid input syntax for type {ty}: \"{value}\""),
+        ));
+    }
+    // A string that is no timestamp (an INSERT's value, a cast): Postgres names the type
+    // `timestamp` (`timestamp with time zone` too says so only when it knows).
+    if let Some(rest) = m.strip_prefix("Error parsing timestamp from '") {
+        let (value, _) = rest.split_once("': ").or_else(|| rest.rsplit_once('\''))?;
+        return Some(Worded::new(
+            SqlState::InvalidDatetimeFormat,
+            format!("invalid input syntax for type timestamp: \"{value}\""),
         ));
     }
     if let Some(rest) = m.strip_prefix("Can't cast value ") {
@@ -156,8 +165,27 @@ pub fn reword_syntax(text: &str) -> (String, Option<String>) {
     (message, Some(hint))
 }
 
+/// The type's name as Postgres's input functions write it in their errors: `timestamp`
+/// and `time`, not their long names.
+fn input_type_name(ty: &'static str) -> &'static str {
+    match ty {
+        "timestamp without time zone" => "timestamp",
+        "time without time zone" => "time",
+        other => other,
+    }
+}
+
 /// The messages DataFusion and its functions write as text.
 fn reword_text(m: &str) -> Option<Worded> {
+    // `abs` of the smallest integer: `Int64Array overflow on abs(-9223372036854775808)`.
+    if let Some((array, _)) = m.split_once("Array overflow on abs(")
+        && let Some(ty) = pg_type_name(array.trim())
+    {
+        return Some(Worded::new(
+            SqlState::NumericValueOutOfRange,
+            format!("{ty} out of range"),
+        ));
+    }
     if m.contains("Divide by zero") || m.contains("division by zero") {
         return Some(Worded::new(SqlState::DivisionByZero, "division by zero"));
     }
@@ -310,7 +338,7 @@ fn pg_operator(expr: &str) -> Option<String> {
 }
 
 fn is_datetime(pg: &str) -> bool {
-    pg == "date" || pg.starts_with("timestamp") || pg.starts_with("time ")
+    pg == "date" || pg == "time" || pg.starts_with("timestamp") || pg.starts_with("time ")
 }
 
 /// The Postgres name of an Arrow type as Arrow prints it (`Int32`, `Timestamp(µs)`,

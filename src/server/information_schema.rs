@@ -773,6 +773,8 @@ mod tests {
                 primary_key: vec!["id".into()],
                 description: String::new(),
                 definition: None,
+                connector: "delta".into(),
+                broken: None,
             }),
         };
         let tc = rows(View::TableConstraints, "db", std::slice::from_ref(&rel));

@@ -215,3 +215,69 @@ impl FastInsert {
         self.log.append(batches).await
     }
 }
+
+/// Postgres's arity rules for `INSERT ... VALUES`, before DataFusion plans it (DataFusion
+/// says `Column count doesn't match insert query!` or `Inconsistent data length across
+/// values list`). Rows of different lengths: `VALUES lists must all be the same length`;
+/// more values than target columns: `INSERT has more expressions than target columns`;
+/// fewer than the listed columns: the reverse (all 42601). Fewer values than the table has
+/// columns, with no column list, fill the first columns and leave the rest NULL, as in
+/// Postgres: the statement comes back with that column list. `None`: nothing to change.
+pub async fn check_values_arity(engine: &Engine, sql: &str) -> Result<Option<String>> {
+    use datafusion::sql::sqlparser::ast::{Ident, ObjectName};
+    use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+    use datafusion::sql::sqlparser::parser::Parser;
+    let Ok(mut statements) = Parser::parse_sql(&PostgreSqlDialect {}, sql) else {
+        return Ok(None);
+    };
+    let [Statement::Insert(insert)] = statements.as_mut_slice() else {
+        return Ok(None);
+    };
+    let Some(source) = &insert.source else {
+        return Ok(None);
+    };
+    let SetExpr::Values(values) = source.body.as_ref() else {
+        return Ok(None);
+    };
+    let Some(first) = values.rows.first() else {
+        return Ok(None);
+    };
+    let n = first.len();
+    if values.rows.iter().any(|r| r.len() != n) {
+        return Err(Error::Syntax(
+            "VALUES lists must all be the same length".into(),
+        ));
+    }
+    let more_values = || Error::Syntax("INSERT has more expressions than target columns".into());
+    if !insert.columns.is_empty() {
+        return match n.cmp(&insert.columns.len()) {
+            std::cmp::Ordering::Greater => Err(more_values()),
+            std::cmp::Ordering::Less => Err(Error::Syntax(
+                "INSERT has more target columns than expressions".into(),
+            )),
+            std::cmp::Ordering::Equal => Ok(None),
+        };
+    }
+    let TableObject::TableName(name) = &insert.table else {
+        return Ok(None);
+    };
+    let reference = datafusion::common::TableReference::from(name.to_string());
+    let Ok(table) = engine.context().table_provider(reference).await else {
+        // An unknown table: DataFusion's error names it.
+        return Ok(None);
+    };
+    let schema = table.schema();
+    if n > schema.fields().len() {
+        return Err(more_values());
+    }
+    if n == schema.fields().len() {
+        return Ok(None);
+    }
+    insert.columns = schema
+        .fields()
+        .iter()
+        .take(n)
+        .map(|f| ObjectName::from(vec![Ident::with_quote('"', f.name())]))
+        .collect();
+    Ok(Some(statements[0].to_string()))
+}

@@ -14,13 +14,11 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::datasource::MemTable;
 use datafusion::logical_expr::{ColumnarValue, LogicalPlan, ScalarUDF, Volatility, create_udf};
 use datafusion::scalar::ScalarValue;
 use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 use datafusion_postgres::DfSessionService;
 use datafusion_postgres::arrow_pg::datatypes::arrow_schema_to_pg_fields;
-use datafusion_postgres::arrow_pg::datatypes::df::encode_dataframe;
 use datafusion_postgres::datafusion_pg_catalog::pg_catalog::context::EmptyContextProvider;
 use datafusion_postgres::datafusion_pg_catalog::setup_pg_catalog;
 use datafusion_postgres::pgwire;
@@ -54,6 +52,7 @@ mod insert;
 mod interrupt;
 mod login;
 mod notify;
+mod pgtext;
 mod plans;
 mod rewrite;
 mod roles_catalog;
@@ -214,6 +213,7 @@ impl Handlers {
         let inner = Arc::new(DfSessionService::new(Arc::new(engine.context().clone())));
         let parser = Arc::new(TidemarkParser {
             inner: inner.query_parser(),
+            engine: engine.clone(),
         });
         Handlers {
             startup: Arc::new(login::Startup::new(
@@ -335,7 +335,7 @@ fn encode_plan<C: ClientInfo>(
     let rows = batches
         .map(move |batch| {
             let rows: Box<dyn Iterator<Item = PgWireResult<DataRow>> + Send + Sync> = match batch {
-                Ok(b) => encode_recordbatch(encode.clone(), b),
+                Ok(b) => encode_recordbatch(encode.clone(), pgtext::to_postgres_text(b, &encode)),
                 Err(e) => Box::new(std::iter::once(Err(classify_pg_error(
                     PgWireError::ApiError(Box::new(e)),
                 )))),
@@ -350,18 +350,24 @@ fn encode_plan<C: ClientInfo>(
 }
 
 /// Encodes an engine result for the wire.
-async fn encode_output(engine: &Engine, output: Output, format: &Format) -> PgWireResult<Response> {
+async fn encode_output(
+    _engine: &Engine,
+    output: Output,
+    format: &Format,
+) -> PgWireResult<Response> {
+    use datafusion_postgres::arrow_pg::datatypes::encode_recordbatch;
     match output {
         Output::Command(tag) => Ok(Response::Execution(Tag::new(&tag))),
         Output::Rows(schema, batches) => {
-            let batches: Vec<RecordBatch> = batches;
-            let table = MemTable::try_new(schema, vec![batches])
-                .map_err(|e| to_pg_error(&Error::from(e)))?;
-            let df = engine
-                .context()
-                .read_table(Arc::new(table))
-                .map_err(|e| to_pg_error(&Error::from(e)))?;
-            Ok(Response::Query(encode_dataframe(df, format, None).await?))
+            let fields = Arc::new(arrow_schema_to_pg_fields(&schema, format, None)?);
+            let encode = fields.clone();
+            let rows = batches.into_iter().flat_map(move |b| {
+                encode_recordbatch(encode.clone(), pgtext::to_postgres_text(b, &encode))
+            });
+            Ok(Response::Query(QueryResponse::new(
+                fields,
+                futures::stream::iter(rows),
+            )))
         }
     }
 }
@@ -562,23 +568,42 @@ impl SimpleQueryHandler for TidemarkService {
             {
                 return Ok(vec![self.explain(client, inner).await?]);
             }
+            // Postgres's arity rules for INSERT ... VALUES (and its NULLs for the columns
+            // left out). Of several statements, an INSERT is only completed: its error
+            // comes when it runs, after the statements before it.
+            let mut texts: Vec<Option<String>> = Vec::with_capacity(pieces.len());
+            for p in &pieces {
+                texts.push(if starts_with_keyword(p.text(), "INSERT") {
+                    match insert::check_values_arity(&self.engine, p.text()).await {
+                        Ok(fixed) => fixed,
+                        Err(e) if pieces.len() == 1 => return Err(to_pg_error(&e)),
+                        Err(_) => None,
+                    }
+                } else {
+                    None
+                });
+            }
+            let text = |i: usize| texts[i].as_deref().unwrap_or(pieces[i].text());
+            let single = (pieces.len() == 1).then(|| texts[0].clone()).flatten();
+            let query = single.as_deref().unwrap_or(query);
             let facts = session_facts(client);
             let rewritten = match pieces.as_slice() {
                 [_] => rewrite::rewrite_client_query(query, &facts),
                 // Each statement of several (Npgsql's type load sends four in one message).
                 _ => {
-                    let each: Vec<Option<String>> = pieces
-                        .iter()
-                        .map(|p| rewrite::rewrite_client_query(p.text(), &facts))
+                    let each: Vec<Option<String>> = (0..pieces.len())
+                        .map(|i| rewrite::rewrite_client_query(text(i), &facts))
                         .collect();
-                    each.iter().any(Option::is_some).then(|| {
-                        let texts: Vec<&str> = each
-                            .iter()
-                            .zip(&pieces)
-                            .map(|(r, p)| r.as_deref().unwrap_or(p.text()))
-                            .collect();
-                        texts.join(";\n")
-                    })
+                    (each.iter().any(Option::is_some) || texts.iter().any(Option::is_some)).then(
+                        || {
+                            let all: Vec<&str> = each
+                                .iter()
+                                .enumerate()
+                                .map(|(i, r)| r.as_deref().unwrap_or(text(i)))
+                                .collect();
+                            all.join(";\n")
+                        },
+                    )
                 }
             };
             let query = rewritten.as_deref().unwrap_or(query);
@@ -631,9 +656,21 @@ impl SimpleQueryHandler for TidemarkService {
                     .await
                     .map(|r| vec![r]),
                 Piece::Other(text) => {
-                    SimpleQueryHandler::do_query(self.inner.as_ref(), client, text)
+                    let fixed = if starts_with_keyword(text, "INSERT") {
+                        insert::check_values_arity(&self.engine, text).await
+                    } else {
+                        Ok(None)
+                    };
+                    match fixed {
+                        Err(e) => Err(to_pg_error(&e)),
+                        Ok(fixed) => SimpleQueryHandler::do_query(
+                            self.inner.as_ref(),
+                            client,
+                            fixed.as_deref().unwrap_or(text),
+                        )
                         .await
-                        .map_err(classify_pg_error)
+                        .map_err(classify_pg_error),
+                    }
                 }
             };
             match outcome {
@@ -726,6 +763,8 @@ fn tidemark_text(stmt: &ExtStatement) -> Option<&str> {
 /// The extended protocol's parser: ours first, then datafusion-postgres's.
 pub struct TidemarkParser {
     inner: Arc<<DfSessionService as ExtendedQueryHandler>::QueryParser>,
+    /// For the tables an INSERT's arity is checked against.
+    engine: Arc<Engine>,
 }
 
 #[async_trait]
@@ -755,6 +794,14 @@ impl QueryParser for TidemarkParser {
         if let Some(e) = rewrite::refuse_unplannable(sql) {
             return Err(to_pg_error(&e));
         }
+        let arity = if starts_with_keyword(sql, "INSERT") {
+            insert::check_values_arity(&self.engine, sql)
+                .await
+                .map_err(|e| to_pg_error(&e))?
+        } else {
+            None
+        };
+        let sql = arity.as_deref().unwrap_or(sql);
         let rewritten = rewrite::rewrite_client_query(sql, &session_facts(client));
         let sql = rewritten.as_deref().unwrap_or(sql);
         self.inner

@@ -261,6 +261,8 @@ pub struct DeltaSource {
     /// The checkpoint the log starts from when its early commits were cleaned up: the
     /// commit at this version is that snapshot, not a version's changes.
     base: Option<u64>,
+    /// Whether the last `latest_offset` left files for a later batch.
+    held_back: bool,
 }
 
 impl DeltaSource {
@@ -278,6 +280,7 @@ impl DeltaSource {
             table_id: String::new(),
             fixed: None,
             base: None,
+            held_back: false,
         }
     }
 
@@ -485,6 +488,10 @@ impl Source for DeltaSource {
         Ok(())
     }
 
+    fn held_back(&self) -> bool {
+        self.held_back
+    }
+
     async fn latest_offset(
         &mut self,
         start: Option<&Offset>,
@@ -505,6 +512,7 @@ impl Source for DeltaSource {
             ReadLimit::AllAvailable => files.len(),
             ReadLimit::Default => files.len().min(self.config.max_files_per_trigger as usize),
         };
+        self.held_back = take < files.len();
         Ok(match files.get(take.wrapping_sub(1)) {
             Some((p, _)) if take > 0 => Some(self.offset(p)),
             _ => start.map(|p| self.offset(&p)),

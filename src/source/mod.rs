@@ -150,6 +150,13 @@ pub trait Source: Send + Sync {
         Backlog::default()
     }
 
+    /// Whether the last `latest_offset` stopped short of what the source held because of
+    /// its read limit (`max_files_per_trigger`, `max_rows_per_trigger`). `FLUSH` waits for
+    /// a batch that held nothing back. A source without a read limit never does.
+    fn held_back(&self) -> bool {
+        false
+    }
+
     /// The newest offset available, whatever the read limit: Spark's `latestOffset` of a
     /// progress report (`reportLatestOffset`). `None` where Spark reports `null` (files).
     fn reported_latest(&self) -> Option<Offset> {

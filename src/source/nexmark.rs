@@ -323,6 +323,9 @@ pub struct NexmarkSource {
     /// CPU time the generator took in the last read (the thread time of its chunks), so
     /// benchmarks can tell the engine's cost from the generator's.
     generator_nanos: Arc<AtomicU64>,
+    /// Whether the last `latest_offset` stopped short of `max_events` (a bounded stream's
+    /// events are all available at once; an unbounded one makes one batch at a time).
+    held_back: bool,
 }
 
 impl NexmarkSource {
@@ -334,6 +337,7 @@ impl NexmarkSource {
             available_now: false,
             fixed: None,
             generator_nanos: Arc::new(AtomicU64::new(0)),
+            held_back: false,
         }
     }
 }
@@ -390,7 +394,12 @@ impl Source for NexmarkSource {
             ReadLimit::AllAvailable => c.max_events.unwrap_or(one_batch).min(end),
             ReadLimit::Default => one_batch.min(end),
         };
+        self.held_back = c.max_events.is_some() && next < end;
         Ok(Some(serde_json::json!({ "events": next.max(s) })))
+    }
+
+    fn held_back(&self) -> bool {
+        self.held_back
     }
 
     async fn read(&self, start: Option<&Offset>, end: &Offset) -> Result<BatchStream> {

@@ -727,6 +727,8 @@ pub struct TableSource {
     max_rows_per_trigger: Option<u64>,
     /// When the rows of the last read arrived.
     arrived: Mutex<Vec<super::Arrival>>,
+    /// Whether the last `latest_offset` left rows for a later batch.
+    held_back: bool,
 }
 
 impl TableSource {
@@ -742,6 +744,7 @@ impl TableSource {
             reader: reader.to_string(),
             fixed_end: None,
             arrived: Mutex::default(),
+            held_back: false,
         })
     }
 }
@@ -774,9 +777,11 @@ impl Source for TableSource {
             Some(o) => row_offset(o)?,
             None => first,
         };
+        let available = end;
         if let (ReadLimit::Default, Some(n)) = (limit, self.max_rows_per_trigger) {
             end = end.min(start.saturating_add(n));
         }
+        self.held_back = end < available;
         if end == 0 {
             return Ok(None);
         }
@@ -794,6 +799,10 @@ impl Source for TableSource {
 
     fn take_arrivals(&self) -> Vec<super::Arrival> {
         std::mem::take(&mut self.arrived.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn held_back(&self) -> bool {
+        self.held_back
     }
 
     fn backlog(&self, end: Option<&Offset>) -> super::Backlog {

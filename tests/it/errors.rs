@@ -38,6 +38,38 @@ const CASES: &[(&str, Agree)] = &[
     ("SELEC 1", Agree::Code),
     ("SHOW", Agree::Code),
     ("DROP TABLE nope", Agree::Message),
+    // Numbers are right or the statement fails (22003, 22012), never wrapped or `inf`.
+    ("SELECT 9223372036854775807 + 1", Agree::Message),
+    ("SELECT -9223372036854775807 - 2", Agree::Message),
+    ("SELECT 4611686018427387904 * 2", Agree::Message),
+    ("SELECT -(-9223372036854775807 - 1)", Agree::Message),
+    ("SELECT abs(-9223372036854775807 - 1)", Agree::Message),
+    ("SELECT (-9223372036854775807 - 1) / -1", Agree::Message),
+    ("SELECT CAST(40000 AS smallint)", Agree::Message),
+    (
+        "SELECT CAST(9223372036854775807 AS integer)",
+        Agree::Message,
+    ),
+    ("SELECT 5 % 0", Agree::Message),
+    ("SELECT 1.0 / 0", Agree::Message),
+    ("SELECT 0.0 / 0", Agree::Message),
+    ("SELECT CAST(1 AS double precision) / 0", Agree::Message),
+    ("SELECT CAST(0 AS double precision) / 0", Agree::Message),
+    ("SELECT CAST(1 AS real) / CAST(0 AS real)", Agree::Message),
+    // INSERT's errors, on `ins (a BIGINT, b TIMESTAMP, c TEXT)` (a stream here, a table
+    // there).
+    (
+        "INSERT INTO ins VALUES (1, 'not a time', 'x')",
+        Agree::Message,
+    ),
+    ("INSERT INTO ins VALUES ('abc', NULL, 'x')", Agree::Message),
+    ("INSERT INTO ins VALUES (1, NULL, 'x', 4)", Agree::Message),
+    ("INSERT INTO ins (a, b) VALUES (1)", Agree::Message),
+    ("INSERT INTO ins (a) VALUES (1, 2)", Agree::Message),
+    ("INSERT INTO ins VALUES (1), (1, NULL)", Agree::Message),
+    ("SELECT CAST('x' AS timestamp)", Agree::Message),
+    ("SELECT CAST('x' AS time)", Agree::Message),
+    ("SELECT CAST('x' AS bigint)", Agree::Message),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -49,6 +81,13 @@ async fn errors_carry_the_sqlstate_and_words_postgres_uses() {
     let server = TestServer::start(&dir.path().join("data"), 0, &[]).await;
     let tidemark = server.connect().await;
     let pg = postgres.connect().await;
+    tidemark
+        .batch_execute("CREATE STREAM ins (a BIGINT, b TIMESTAMP, c TEXT)")
+        .await
+        .unwrap();
+    pg.batch_execute("CREATE TABLE ins (a BIGINT, b TIMESTAMP, c TEXT)")
+        .await
+        .unwrap();
     let mut mismatches = Vec::new();
     for (sql, agree) in CASES {
         let error = |r: Result<_, tokio_postgres::Error>| match r {
@@ -74,6 +113,96 @@ async fn errors_carry_the_sqlstate_and_words_postgres_uses() {
     assert!(
         mismatches.is_empty(),
         "errors differ from PostgreSQL's:\n{}",
+        mismatches.join("\n")
+    );
+    server.stop().await;
+}
+
+/// Fewer values than columns, with no column list: the rest are NULL, as in Postgres.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_insert_of_fewer_values_fills_the_rest_with_null() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"), 0, &[]).await;
+    let c = server.connect().await;
+    c.batch_execute(
+        "CREATE STREAM ins (a BIGINT, b TIMESTAMP, c TEXT);
+         INSERT INTO ins VALUES (1), (2);
+         INSERT INTO ins VALUES (3, '2026-06-10 10:01:00')",
+    )
+    .await
+    .unwrap();
+    let got = crate::harness::rows(&c, "SELECT a, b, c FROM ins ORDER BY a").await;
+    let want: Vec<Vec<Option<String>>> = vec![
+        vec![Some("1".into()), None, None],
+        vec![Some("2".into()), None, None],
+        vec![Some("3".into()), Some("2026-06-10 10:01:00".into()), None],
+    ];
+    assert_eq!(got, want);
+    server.stop().await;
+}
+
+/// The values whose text PostgreSQL writes its own way (no trailing zero fractions, `+00`,
+/// `Infinity`, `1e+20`), in text format, byte for byte as PostgreSQL sends them.
+const VALUES: &[&str] = &[
+    "SELECT CAST('2026-06-10 10:01:00' AS TIMESTAMP)",
+    "SELECT CAST('2026-06-10 10:01:00.5' AS TIMESTAMP)",
+    "SELECT CAST('2026-06-10 10:01:00.123456' AS TIMESTAMP)",
+    "SELECT CAST('2026-06-10 10:01:00+00' AS TIMESTAMP WITH TIME ZONE)",
+    "SELECT CAST('2026-06-10 10:01:00.25+00' AS TIMESTAMP WITH TIME ZONE)",
+    "SELECT CAST('1969-12-31 23:59:59.999999' AS TIMESTAMP)",
+    "SELECT CAST('2026-06-10' AS DATE)",
+    "SELECT CAST('10:01:00' AS TIME)",
+    "SELECT CAST('10:01:00.25' AS TIME)",
+    "SELECT CAST(12.5 AS DOUBLE PRECISION)",
+    "SELECT CAST(100 AS DOUBLE PRECISION)",
+    "SELECT CAST(0.1 AS DOUBLE PRECISION)",
+    "SELECT CAST('1e20' AS DOUBLE PRECISION)",
+    "SELECT CAST('1e15' AS DOUBLE PRECISION)",
+    "SELECT CAST('1e14' AS DOUBLE PRECISION)",
+    "SELECT CAST('0.00001' AS DOUBLE PRECISION)",
+    "SELECT CAST('-0' AS DOUBLE PRECISION)",
+    "SELECT CAST('123456789012345678' AS DOUBLE PRECISION)",
+    "SELECT CAST('Infinity' AS DOUBLE PRECISION)",
+    "SELECT CAST('-Infinity' AS DOUBLE PRECISION)",
+    "SELECT CAST('NaN' AS DOUBLE PRECISION)",
+    "SELECT CAST(1.5 AS REAL)",
+    "SELECT CAST(0.1 AS REAL)",
+    "SELECT CAST(1.50 AS NUMERIC(10, 2))",
+    "SELECT INTERVAL '1 day 2 hours'",
+    "SELECT INTERVAL '5 minutes'",
+    "SELECT INTERVAL '3 days'",
+    "SELECT INTERVAL '1 year 2 months'",
+    "SELECT INTERVAL '1.5 seconds'",
+    "SELECT INTERVAL '-1 day 2 hours'",
+    "SELECT INTERVAL '0 seconds'",
+    "SELECT INTERVAL '1 month -1 day'",
+    "SELECT CAST(NULL AS TIMESTAMP)",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_print_as_postgres_prints_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(postgres) = Postgres::start(dir.path()) else {
+        return;
+    };
+    let server = TestServer::start(&dir.path().join("data"), 0, &[]).await;
+    let tidemark = server.connect().await;
+    let pg = postgres.connect().await;
+    // Tidemark's session is in UTC.
+    pg.batch_execute("SET TIME ZONE 'UTC'").await.unwrap();
+    let mut mismatches = Vec::new();
+    for sql in VALUES {
+        let theirs = crate::harness::rows(&pg, sql).await;
+        let ours = crate::harness::rows(&tidemark, sql).await;
+        if ours != theirs {
+            mismatches.push(format!(
+                "{sql}\n  postgres: {theirs:?}\n  tidemark: {ours:?}"
+            ));
+        }
+    }
+    assert!(
+        mismatches.is_empty(),
+        "values print unlike PostgreSQL's:\n{}",
         mismatches.join("\n")
     );
     server.stop().await;

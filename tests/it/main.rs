@@ -14,6 +14,7 @@ mod monitoring;
 mod oracle;
 mod property;
 mod replay;
+mod restart;
 mod run;
 mod security;
 mod slt;

@@ -379,6 +379,10 @@ impl Source for FileSource {
         )
     }
 
+    fn held_back(&self) -> bool {
+        self.outstanding.0 > 0
+    }
+
     fn backlog(&self, _end: Option<&Offset>) -> super::Backlog {
         super::Backlog {
             files: Some(self.outstanding.0),
