@@ -75,11 +75,17 @@ impl AnalyzerRule for CheckedArithmetic {
     }
 }
 
-/// `e` with its arithmetic and integer sums checked, for a plan whose operators evaluate
-/// expressions themselves (a streaming aggregation's aggregates are taken from the plan
-/// before the analyzer runs).
-pub fn rewrite_expr(e: Expr, schema: &DFSchema) -> Result<Expr> {
-    Ok(e.transform_up(|e| rewrite(e, schema))?.data)
+/// An aggregate expression as the analyzer would leave it: its arguments coerced to the
+/// types its function takes (`avg` of a `bigint` reads it as a double) and its arithmetic
+/// and integer sums checked, under its original name. For a streaming aggregation, whose
+/// operator takes its aggregates from the plan before the analyzer runs.
+pub fn analyze_aggregate_expr(e: Expr, schema: &DFSchema) -> Result<Expr> {
+    use datafusion::optimizer::analyzer::type_coercion::TypeCoercionRewriter;
+    let saved = NamePreserver::new_for_projection().save(&e);
+    let mut coercion = TypeCoercionRewriter::new(schema);
+    let coerced = e.rewrite(&mut coercion)?.data;
+    let checked = coerced.transform_up(|e| rewrite(e, schema))?.data;
+    Ok(saved.restore(checked))
 }
 
 fn is_integer(t: &DataType) -> bool {

@@ -163,7 +163,7 @@ impl Engine {
                 tracing::error!(stream = %s.name, error = %e, "stream is not readable");
                 engine.mark_broken(&s.name, &e);
                 let broken = crate::catalog::Broken::of(&e);
-                let table = tables::BrokenTable::new("stream", &s.name, s.schema(), broken);
+                let table = tables::RefusingTable::broken("stream", &s.name, s.schema(), broken);
                 engine
                     .ctx
                     .register_table(TableReference::bare(s.name.clone()), Arc::new(table))?;
@@ -252,7 +252,7 @@ impl Engine {
             // Its name stays taken, and a query over it gets its error.
             self.ctx.register_table(
                 TableReference::bare(s.name.clone()),
-                Arc::new(tables::BrokenTable::new(
+                Arc::new(tables::RefusingTable::broken(
                     "stream",
                     &s.name,
                     s.schema(),
@@ -274,7 +274,7 @@ impl Engine {
             StreamSource::Delta(d) => {
                 Arc::new(crate::sink::delta::DeltaReadTable::try_new(&d.path).await?)
             }
-            other => Arc::new(tables::SinkOnlyTable::new(
+            other => Arc::new(tables::RefusingTable::sink_only(
                 &s.name,
                 other.connector(),
                 s.schema(),

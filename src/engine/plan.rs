@@ -1200,13 +1200,14 @@ impl Builder<'_> {
             }
             LogicalPlan::Aggregate(mut agg) => {
                 // The operator evaluates the aggregates itself, from this plan (before the
-                // analyzer): their integer sums and arithmetic are checked here
-                // (engine::checked); the names, and so the schema, stay the same.
+                // analyzer): their arguments are coerced and their integer sums and
+                // arithmetic checked here (engine::checked); the names, and so the schema,
+                // stay the same.
                 let input_schema = agg.input.schema().clone();
                 agg.aggr_expr = agg
                     .aggr_expr
                     .into_iter()
-                    .map(|e| super::checked::rewrite_expr(e, &input_schema))
+                    .map(|e| super::checked::analyze_aggregate_expr(e, &input_schema))
                     .collect::<DfResult<_>>()?;
                 let mut marked = marked_columns(&agg.input);
                 // window(window_time(w), ...) groups by an expression that carries the mark:

@@ -1,6 +1,6 @@
 //! DataFusion tables that Tidemark registers: table streams (read and `INSERT`), and the
 //! system tables `tidemark.queries`, `tidemark.progress`, `tidemark.sources` and
-//! `tidemark.state_operators`, `tidemark.relations`; a broken object's table. (A file
+//! `tidemark.state_operators`, `tidemark.relations`; a refusing table (sink-only streams, broken objects). (A file
 //! stream's table is
 //! [`crate::format::FilesTable`].)
 
@@ -102,79 +102,52 @@ impl TableProvider for TableStreamTable {
     }
 }
 
-/// A stream only a sink can read (a rate source: its rows exist only batch by batch).
-#[derive(Debug)]
-pub struct SinkOnlyTable {
-    name: String,
-    connector: &'static str,
+/// A relation whose every scan fails with one error: a stream only a sink can read (a rate
+/// source: its rows exist only batch by batch), or an object that could not be loaded (its
+/// name stays taken, and a query over it gets the error that broke it).
+pub struct RefusingTable {
     schema: SchemaRef,
+    error: Box<dyn Fn() -> Error + Send + Sync>,
 }
 
-impl SinkOnlyTable {
-    pub fn new(name: &str, connector: &'static str, schema: SchemaRef) -> SinkOnlyTable {
-        SinkOnlyTable {
-            name: name.to_string(),
-            connector,
+impl std::fmt::Debug for RefusingTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RefusingTable({})", (self.error)())
+    }
+}
+
+impl RefusingTable {
+    /// A stream of a connector whose rows only a sink reads.
+    pub fn sink_only(name: &str, connector: &'static str, schema: SchemaRef) -> RefusingTable {
+        let name = name.to_string();
+        RefusingTable {
             schema,
+            error: Box::new(move || Error::Unsupported {
+                message: format!(
+                    "stream \"{name}\" ({connector} source) can only be read by a sink"
+                ),
+                hint: Some("Create a sink over it and query the sink.".into()),
+            }),
         }
     }
-}
 
-#[async_trait]
-impl TableProvider for SinkOnlyTable {
-    fn schema(&self) -> SchemaRef {
-        self.schema.clone()
-    }
-
-    fn table_type(&self) -> TableType {
-        TableType::Base
-    }
-
-    async fn scan(
-        &self,
-        _state: &dyn Session,
-        _projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
-        _limit: Option<usize>,
-    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
-        Err(DataFusionError::External(Box::new(Error::Unsupported {
-            message: format!(
-                "stream \"{}\" ({} source) can only be read by a sink",
-                self.name, self.connector
-            ),
-            hint: Some("Create a sink over it and query the sink.".into()),
-        })))
-    }
-}
-
-/// The table of an object that could not be loaded: its name stays taken, and a query
-/// over it gets the error that broke it.
-#[derive(Debug)]
-pub struct BrokenTable {
-    kind: &'static str,
-    name: String,
-    schema: SchemaRef,
-    broken: crate::catalog::Broken,
-}
-
-impl BrokenTable {
-    pub fn new(
+    /// A broken catalog object.
+    pub fn broken(
         kind: &'static str,
         name: &str,
         schema: SchemaRef,
         broken: crate::catalog::Broken,
-    ) -> BrokenTable {
-        BrokenTable {
-            kind,
-            name: name.to_string(),
+    ) -> RefusingTable {
+        let name = name.to_string();
+        RefusingTable {
             schema,
-            broken,
+            error: Box::new(move || broken.error(kind, &name)),
         }
     }
 }
 
 #[async_trait]
-impl TableProvider for BrokenTable {
+impl TableProvider for RefusingTable {
     fn schema(&self) -> SchemaRef {
         self.schema.clone()
     }
@@ -190,9 +163,7 @@ impl TableProvider for BrokenTable {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
-        Err(DataFusionError::External(Box::new(
-            self.broken.error(self.kind, &self.name),
-        )))
+        Err(DataFusionError::External(Box::new((self.error)())))
     }
 }
 

@@ -137,7 +137,7 @@ fn is_tidemark(words: &[String]) -> bool {
 /// select list keeps Spark's column name (`start`). Other queries are returned unchanged.
 pub fn expand_window_refs(query: &str) -> crate::error::Result<String> {
     use datafusion::sql::sqlparser::ast::{
-        Expr, GroupByExpr, Ident, SelectItem, SetExpr, Statement, visit_expressions_mut,
+        Expr, Ident, SelectItem, SetExpr, Statement, visit_expressions_mut,
     };
     use datafusion::sql::sqlparser::parser::Parser;
     use std::ops::ControlFlow;
@@ -146,21 +146,13 @@ pub fn expand_window_refs(query: &str) -> crate::error::Result<String> {
     let mut stmts = Parser::parse_sql(&dialect, query)?;
     if let Some(stmt) = stmts.first_mut() {
         rewrite_window_tvf(stmt)?;
+        if let Statement::Query(q) = stmt {
+            spark_implicit_names(q, true)?;
+        }
     }
     let window = match stmts.first() {
         Some(Statement::Query(q)) => match q.body.as_ref() {
-            SetExpr::Select(select) => match &select.group_by {
-                GroupByExpr::Expressions(exprs, _) => exprs.iter().find_map(|e| match e {
-                    Expr::Function(f)
-                        if ["window", "session_window"]
-                            .contains(&f.name.to_string().to_ascii_lowercase().as_str()) =>
-                    {
-                        Some((f.name.to_string().to_ascii_lowercase(), e.clone()))
-                    }
-                    _ => None,
-                }),
-                _ => None,
-            },
+            SetExpr::Select(select) => group_by_window(select),
             _ => None,
         },
         _ => None,
@@ -212,6 +204,195 @@ pub fn expand_window_refs(query: &str) -> crate::error::Result<String> {
         ControlFlow::<()>::Continue(())
     });
     Ok(stmts[0].to_string())
+}
+
+/// The `window(...)` or `session_window(...)` a select groups by, with its column name.
+fn group_by_window(
+    select: &datafusion::sql::sqlparser::ast::Select,
+) -> Option<(String, datafusion::sql::sqlparser::ast::Expr)> {
+    use datafusion::sql::sqlparser::ast::{Expr, GroupByExpr};
+    let GroupByExpr::Expressions(exprs, _) = &select.group_by else {
+        return None;
+    };
+    exprs.iter().find_map(|e| match e {
+        Expr::Function(f)
+            if ["window", "session_window"]
+                .contains(&f.name.to_string().to_ascii_lowercase().as_str()) =>
+        {
+            Some((f.name.to_string().to_ascii_lowercase(), e.clone()))
+        }
+        _ => None,
+    })
+}
+
+/// Spark's implicit column names inside a query, so that a query written for Spark finds
+/// them: in a subquery of `FROM`, the bare `window` (or `session_window`) of a
+/// `GROUP BY window(...)` is that window, named `window`, and an unnamed call is named as
+/// Spark names it (`count(1)` for `count(*)`, `sum(n)` for `sum(e.n)`); in any query,
+/// `window.start` and `window.end` over such a subquery's `window` column are its fields.
+/// The outermost query's own `GROUP BY window(...)` is left to [`expand_window_refs`].
+fn spark_implicit_names(
+    query: &mut datafusion::sql::sqlparser::ast::Query,
+    top: bool,
+) -> crate::error::Result<()> {
+    use datafusion::sql::sqlparser::ast::SetExpr;
+    fn body(b: &mut SetExpr, top: bool) -> crate::error::Result<()> {
+        match b {
+            SetExpr::Select(select) => implicit_names_in_select(select, top),
+            SetExpr::Query(q) => spark_implicit_names(q, top),
+            SetExpr::SetOperation { left, right, .. } => {
+                body(left, top)?;
+                body(right, top)
+            }
+            _ => Ok(()),
+        }
+    }
+    body(query.body.as_mut(), top)
+}
+
+fn implicit_names_in_select(
+    select: &mut datafusion::sql::sqlparser::ast::Select,
+    top: bool,
+) -> crate::error::Result<()> {
+    use datafusion::sql::sqlparser::ast::{
+        Expr, FunctionArg, FunctionArgExpr, FunctionArguments, Ident, SelectItem, TableFactor,
+        visit_expressions_mut,
+    };
+    use std::ops::ControlFlow;
+    // Subqueries first: their columns are what this select reads.
+    for t in &mut select.from {
+        for factor in
+            std::iter::once(&mut t.relation).chain(t.joins.iter_mut().map(|j| &mut j.relation))
+        {
+            if let TableFactor::Derived { subquery, .. } = factor {
+                spark_implicit_names(subquery, false)?;
+            }
+        }
+    }
+    let window = group_by_window(select);
+    let field = |of: Expr, name: &str| -> crate::error::Result<Expr> {
+        let text = format!("get_field({of}, '{name}')");
+        Ok(
+            datafusion::sql::sqlparser::parser::Parser::new(&PostgreSqlDialect {})
+                .try_with_sql(&text)?
+                .parse_expr()?,
+        )
+    };
+    if let Some((column, w)) = &window {
+        if top {
+            return Ok(());
+        }
+        // A subquery's own window: the bare name is the window, named as Spark names it.
+        for item in &mut select.projection {
+            if let SelectItem::UnnamedExpr(Expr::Identifier(id)) = item
+                && id.value.eq_ignore_ascii_case(column)
+            {
+                *item = SelectItem::ExprWithAlias {
+                    expr: w.clone(),
+                    alias: Ident::new(column.clone()),
+                };
+            }
+        }
+    } else {
+        // `window.start` of a subquery's `window` column, unless a relation is named so.
+        let named_window = select.from.iter().any(|t| {
+            std::iter::once(&t.relation)
+                .chain(t.joins.iter().map(|j| &j.relation))
+                .any(|f| match f {
+                    TableFactor::Table { name, alias, .. } => {
+                        let n = alias
+                            .as_ref()
+                            .map_or(name.to_string(), |a| a.name.value.clone());
+                        n.eq_ignore_ascii_case("window") || n.eq_ignore_ascii_case("session_window")
+                    }
+                    TableFactor::Derived { alias, .. } => alias.as_ref().is_some_and(|a| {
+                        a.name.value.eq_ignore_ascii_case("window")
+                            || a.name.value.eq_ignore_ascii_case("session_window")
+                    }),
+                    _ => false,
+                })
+        });
+        if !named_window {
+            let is_window_field = |parts: &[Ident]| {
+                parts.len() == 2
+                    && ["window", "session_window"]
+                        .contains(&parts[0].value.to_ascii_lowercase().as_str())
+                    && ["start", "end"].contains(&parts[1].value.to_ascii_lowercase().as_str())
+            };
+            for item in &mut select.projection {
+                if let SelectItem::UnnamedExpr(Expr::CompoundIdentifier(parts)) = item
+                    && is_window_field(parts)
+                {
+                    let alias = Ident::new(parts[1].value.to_ascii_lowercase());
+                    *item = SelectItem::ExprWithAlias {
+                        expr: Expr::CompoundIdentifier(parts.clone()),
+                        alias,
+                    };
+                }
+            }
+            let mut failed = None;
+            let _ = visit_expressions_mut(&mut select.projection, |e| {
+                if let Expr::CompoundIdentifier(parts) = e
+                    && is_window_field(parts)
+                {
+                    let of = Expr::Identifier(Ident::with_quote(
+                        '"',
+                        parts[0].value.to_ascii_lowercase(),
+                    ));
+                    match field(of, &parts[1].value.to_ascii_lowercase()) {
+                        Ok(f) => *e = f,
+                        Err(err) => failed = Some(err),
+                    }
+                }
+                ControlFlow::<()>::Continue(())
+            });
+            if let Some(e) = failed {
+                return Err(e);
+            }
+        }
+    }
+    if top {
+        return Ok(());
+    }
+    // Unnamed calls get Spark's names: `count(1)`, `sum(n)`.
+    for item in &mut select.projection {
+        if let SelectItem::UnnamedExpr(Expr::Function(f)) = item {
+            let mut named = f.clone();
+            named.name = datafusion::sql::sqlparser::ast::ObjectName::from(vec![Ident::new(
+                named.name.to_string().to_ascii_lowercase(),
+            )]);
+            let mut star = false;
+            if let FunctionArguments::List(list) = &mut named.args {
+                for a in &mut list.args {
+                    match a {
+                        FunctionArg::Unnamed(FunctionArgExpr::Wildcard) => star = true,
+                        FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::CompoundIdentifier(
+                            parts,
+                        ))) => {
+                            let last = parts.last().cloned();
+                            if let Some(last) = last {
+                                *a = FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::Identifier(
+                                    last,
+                                )));
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            let name = named.name.to_string();
+            let alias = if star && name == "count" {
+                "count(1)".to_string()
+            } else {
+                named.to_string()
+            };
+            *item = SelectItem::ExprWithAlias {
+                expr: Expr::Function(f.clone()),
+                alias: Ident::with_quote('"', alias),
+            };
+        }
+    }
+    Ok(())
 }
 
 /// Rewrites the table-valued window forms Flink and RisingWave users write into Spark's:
@@ -436,6 +617,34 @@ mod tests {
         assert!(
             super::expand_window_refs("SELECT * FROM SESSION(clicks, t, '5 minutes')").is_err()
         );
+    }
+
+    #[test]
+    fn subqueries_name_their_columns_as_spark_does() {
+        let q = super::expand_window_refs(
+            "SELECT word, window.start AS start, window_time(window) AS wt, cnt FROM \
+             (SELECT word, window, count(*) AS cnt FROM events GROUP BY word, window(ts, '5 minutes'))",
+        )
+        .unwrap();
+        assert_eq!(
+            q,
+            "SELECT word, get_field(\"window\", 'start') AS start, window_time(window) AS wt, cnt \
+             FROM (SELECT word, window(ts, '5 minutes') AS window, count(*) AS cnt FROM events \
+             GROUP BY word, window(ts, '5 minutes'))"
+        );
+        let q = super::expand_window_refs(
+            "SELECT word, \"count(1)\", \"sum(n)\" FROM (SELECT word, COUNT(*), sum(e.n) FROM events AS e GROUP BY word)",
+        )
+        .unwrap();
+        assert!(
+            q.contains("COUNT(*) AS \"count(1)\", sum(e.n) AS \"sum(n)\""),
+            "{q}"
+        );
+        // The outermost query keeps its names; a table named window keeps its columns.
+        let q = "SELECT count(*) FROM events";
+        assert_eq!(super::expand_window_refs(q).unwrap(), q);
+        let q = "SELECT window.start FROM t AS window";
+        assert_eq!(super::expand_window_refs(q).unwrap(), q);
     }
 
     #[test]
