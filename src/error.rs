@@ -162,7 +162,12 @@ pub enum Error {
     UndefinedColumn { column: String, relation: String },
     /// A row of `COPY ... FROM STDIN` that cannot be taken, with Postgres's SQLSTATE.
     #[error("{message}")]
-    BadCopy { state: SqlState, message: String },
+    BadCopy {
+        state: SqlState,
+        message: String,
+        /// Where: `COPY t, line 2, column c: "x"` (the error's `CONTEXT`).
+        context: Option<String>,
+    },
     /// A file or directory could not be read or written.
     #[error("{context}: {source}")]
     Io {
@@ -247,6 +252,15 @@ impl Error {
                  again to mend it.",
                 kind.to_uppercase()
             )),
+            _ => None,
+        }
+    }
+
+    /// Where the error happened, when that is not part of the message: Postgres's
+    /// `CONTEXT` field (`COPY t, line 2, column c: "x"`).
+    pub fn context(&self) -> Option<String> {
+        match self {
+            Error::BadCopy { context, .. } => context.clone(),
             _ => None,
         }
     }

@@ -75,6 +75,13 @@ impl AnalyzerRule for CheckedArithmetic {
     }
 }
 
+/// `e` with its arithmetic checked, under its original name (a streaming aggregation's
+/// grouping expressions, which its operator evaluates itself).
+pub fn check_expr(e: Expr, schema: &DFSchema) -> Result<Expr> {
+    let saved = NamePreserver::new_for_projection().save(&e);
+    Ok(saved.restore(e.transform_up(|e| rewrite(e, schema))?.data))
+}
+
 /// An aggregate expression as the analyzer would leave it: its arguments coerced to the
 /// types its function takes (`avg` of a `bigint` reads it as a double) and its arithmetic
 /// and integer sums checked, under its original name. For a streaming aggregation, whose

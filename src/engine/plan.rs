@@ -1215,7 +1215,7 @@ impl Builder<'_> {
                 let mut lifted = Vec::new();
                 let mut group_expr = Vec::with_capacity(agg.group_expr.len());
                 for (i, g) in agg.group_expr.iter().enumerate() {
-                    let mut g = g.clone().unalias();
+                    let mut g = super::checked::check_expr(g.clone(), &input_schema)?.unalias();
                     if let Expr::ScalarFunction(f) = &mut g
                         && is_window_call(&Expr::ScalarFunction(f.clone()))
                         && let Some(arg) = f.args.first()

@@ -38,6 +38,8 @@ pub enum CopyError {
     Format,
     /// 22P02: a value that does not convert to its column's type.
     InvalidText,
+    /// 22007: a value that is no date or time of its column's type.
+    InvalidDatetime,
     /// 22003: a number out of its type's range.
     OutOfRange,
     /// 23502: a NULL in a NOT NULL column.
@@ -46,15 +48,20 @@ pub enum CopyError {
     Binary,
 }
 
-fn bad(kind: CopyError, message: String) -> Error {
+fn bad(kind: CopyError, message: String, context: Option<String>) -> Error {
     let state = match kind {
         CopyError::Format => SqlState::BadCopyFileFormat,
         CopyError::InvalidText => SqlState::InvalidTextRepresentation,
+        CopyError::InvalidDatetime => SqlState::InvalidDatetimeFormat,
         CopyError::OutOfRange => SqlState::NumericValueOutOfRange,
         CopyError::NotNull => SqlState::NotNullViolation,
         CopyError::Binary => SqlState::InvalidBinaryRepresentation,
     };
-    Error::BadCopy { state, message }
+    Error::BadCopy {
+        state,
+        message,
+        context,
+    }
 }
 
 /// Decodes the data of one `COPY ... FROM STDIN`.
@@ -325,8 +332,8 @@ impl CopyDecoder {
                         match binary_to_text(field.data_type(), bytes) {
                             Ok(text) => self.builders[k].append_value(text),
                             Err(msg) => {
-                                let msg = format!("{msg}, column {}", field.name());
-                                return self.fail(CopyError::Binary, msg);
+                                let name = field.name().clone();
+                                return self.fail_at(CopyError::Binary, msg, Some(&name), None);
                             }
                         }
                     }
@@ -344,13 +351,31 @@ impl CopyDecoder {
     }
 
     fn fail(&mut self, kind: CopyError, message: String) {
+        self.fail_at(kind, message, None, None);
+    }
+
+    /// The first error of the data. Postgres's message; where it was (`COPY t, line 2,
+    /// column ts: "x"`) is the error's context (psql's `CONTEXT:` line). An INSERT's rows
+    /// (the extended protocol's fast path) have no such context.
+    fn fail_at(
+        &mut self,
+        kind: CopyError,
+        message: String,
+        column: Option<&str>,
+        value: Option<&str>,
+    ) {
         if self.error.is_none() {
-            let message = if self.insert {
-                message
-            } else {
-                format!("{message} (COPY {}, line {})", self.table, self.line)
-            };
-            self.error = Some(bad(kind, message));
+            let context = (!self.insert).then(|| {
+                let mut at = format!("COPY {}, line {}", self.table, self.line);
+                if let Some(c) = column {
+                    at.push_str(&format!(", column {c}"));
+                    if let Some(v) = value {
+                        at.push_str(&format!(": \"{v}\""));
+                    }
+                }
+                at
+            });
+            self.error = Some(bad(kind, message, context));
         }
     }
 
@@ -433,13 +458,21 @@ impl CopyDecoder {
                             format!("value \"{value}\" is out of range for type {ty}"),
                         )
                     } else {
+                        let kind = match field.data_type() {
+                            DataType::Date32
+                            | DataType::Date64
+                            | DataType::Timestamp(_, _)
+                            | DataType::Time32(_)
+                            | DataType::Time64(_) => CopyError::InvalidDatetime,
+                            _ => CopyError::InvalidText,
+                        };
                         (
-                            CopyError::InvalidText,
+                            kind,
                             format!("invalid input syntax for type {ty}: \"{value}\""),
                         )
                     };
-                    let msg = format!("{msg}, column {}", field.name());
-                    return self.fail(kind, msg);
+                    let name = field.name().clone();
+                    return self.fail_at(kind, msg, Some(&name), Some(&value));
                 }
             }
         }
@@ -807,14 +840,19 @@ mod tests {
 
     fn error_of(options: CopyOptions, data: &str) -> (String, String) {
         let e = decode(options, &[data]).unwrap_err();
-        (e.sqlstate().code().to_string(), e.to_string())
+        let context = e.context().unwrap_or_default();
+        (e.sqlstate().code().to_string(), format!("{e} | {context}"))
     }
 
     #[test]
     fn bad_rows_are_refused_with_their_line_and_postgres_sqlstate() {
         let ok = "1\t2026-06-10 10:00:00\tx\n";
         let cases = [
-            (format!("{ok}2\tnot a time\tx\n"), "22P02", "line 2"),
+            (
+                format!("{ok}2\tnot a time\tx\n"),
+                "22007",
+                "| COPY events, line 2, column ts: \"not a time\"",
+            ),
             (
                 format!("{ok}{ok}x\t2026-06-10 10:00:00\tx\n"),
                 "22P02",
@@ -932,7 +970,8 @@ mod tests {
         )
         .unwrap();
         d.feed(&binary);
-        let e = d.finish().unwrap_err().to_string();
+        let e = d.finish().unwrap_err();
+        let e = format!("{e} | {}", e.context().unwrap_or_default());
         assert!(
             e.contains("row field count is 11, expected 1") && e.contains("line 1"),
             "{e}"

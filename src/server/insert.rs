@@ -200,11 +200,13 @@ impl FastInsert {
                     binary_to_text(&self.param_types[i], bytes).map_err(|m| Error::BadCopy {
                         state: crate::error::SqlState::InvalidBinaryRepresentation,
                         message: format!("{m} (parameter ${})", i + 1),
+                        context: None,
                     })?
                 } else {
                     String::from_utf8(bytes.to_vec()).map_err(|_| Error::BadCopy {
                         state: crate::error::SqlState::InvalidTextRepresentation,
                         message: "invalid byte sequence for encoding \"UTF8\"".into(),
+                        context: None,
                     })?
                 };
                 fields.push(Some(text));

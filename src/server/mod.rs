@@ -243,6 +243,7 @@ pub fn to_pg_error(e: &Error) -> PgWireError {
 fn error_info(e: &Error) -> ErrorInfo {
     let mut info = ErrorInfo::new("ERROR".into(), e.sqlstate().code().into(), e.to_string());
     info.hint = e.hint();
+    info.where_context = e.context();
     info
 }
 

@@ -33,6 +33,7 @@ fn rewritten(t: &DataType) -> bool {
             | DataType::Float32
             | DataType::Float64
             | DataType::Interval(_)
+            | DataType::Struct(_)
     )
 }
 
@@ -154,10 +155,66 @@ fn text_column(a: &ArrayRef) -> ArrayRef {
                 0,
             ))
         }),
+        DataType::Struct(_) => {
+            let row = a.as_struct();
+            let fields: Vec<ArrayRef> = row.columns().iter().map(field_text).collect();
+            text(&|i| {
+                let parts: Vec<String> = fields
+                    .iter()
+                    .map(|f| {
+                        let f = f.as_string::<i32>();
+                        if f.is_null(i) {
+                            String::new()
+                        } else {
+                            composite_field(f.value(i))
+                        }
+                    })
+                    .collect();
+                Some(format!("({})", parts.join(",")))
+            })
+        }
         DataType::Float64 => text(&|i| Some(float8(a.as_primitive::<Float64Type>().value(i)))),
         DataType::Float32 => text(&|i| Some(float4(a.as_primitive::<Float32Type>().value(i)))),
         _ => a.clone(),
     }
+}
+
+/// A struct's field as text: PostgreSQL's text of the types Tidemark writes itself, `t`/`f`
+/// for booleans, Arrow's text for the rest.
+fn field_text(a: &ArrayRef) -> ArrayRef {
+    if rewritten(a.data_type()) {
+        return text_column(a);
+    }
+    if let DataType::Boolean = a.data_type() {
+        let b = a.as_boolean();
+        return Arc::new(
+            (0..b.len())
+                .map(|i| b.is_valid(i).then(|| if b.value(i) { "t" } else { "f" }))
+                .collect::<StringArray>(),
+        );
+    }
+    datafusion::arrow::compute::cast(a, &DataType::Utf8)
+        .unwrap_or_else(|_| Arc::new(StringArray::new_null(a.len())))
+}
+
+/// A field of a composite value's text, quoted as PostgreSQL's `record_out` quotes it:
+/// when empty or holding a quote, backslash, parenthesis, comma or space.
+fn composite_field(v: &str) -> String {
+    let quote = v.is_empty()
+        || v.chars()
+            .any(|c| matches!(c, '"' | '\\' | '(' | ')' | ',') || c.is_ascii_whitespace());
+    if !quote {
+        return v.to_string();
+    }
+    let mut out = String::from('"');
+    for c in v.chars() {
+        if c == '"' || c == '\\' {
+            out.push(c);
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
 }
 
 fn time_of_micros(us: i64) -> Option<String> {
@@ -359,6 +416,17 @@ mod tests {
         assert_eq!(float4(1.5), "1.5");
         assert_eq!(float4(1e6), "1e+06");
         assert_eq!(float4(0.1), "0.1");
+    }
+
+    #[test]
+    fn composite_fields_are_quoted_as_postgres_quotes_them() {
+        assert_eq!(
+            composite_field("2026-06-10 10:00:00"),
+            "\"2026-06-10 10:00:00\""
+        );
+        assert_eq!(composite_field("a\"b"), "\"a\"\"b\"");
+        assert_eq!(composite_field("plain"), "plain");
+        assert_eq!(composite_field(""), "\"\"");
     }
 
     #[test]

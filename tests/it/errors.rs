@@ -110,12 +110,56 @@ async fn errors_carry_the_sqlstate_and_words_postgres_uses() {
             ));
         }
     }
+    // COPY's errors: the same SQLSTATE and message, and for a value that does not convert
+    // the same CONTEXT (where: table, line, column, value).
+    for (data, compare_context) in [
+        ("1\tnot a time\tx\n", true),
+        ("abc\t\\N\tx\n", true),
+        ("1\t2026-06-10 10:00:00\tx\n2\tnope\ty\n", true),
+        ("1\t2026-06-10 10:00:00\n", false),
+    ] {
+        let mut theirs = copy_error(&pg, data).await;
+        let mut ours = copy_error(&tidemark, data).await;
+        if !compare_context {
+            theirs.2 = None;
+            ours.2 = None;
+        }
+        if ours != theirs {
+            mismatches.push(format!(
+                "COPY {data:?}\n  postgres: {theirs:?}\n  tidemark: {ours:?}"
+            ));
+        }
+    }
     assert!(
         mismatches.is_empty(),
         "errors differ from PostgreSQL's:\n{}",
         mismatches.join("\n")
     );
     server.stop().await;
+}
+
+/// A `COPY ins FROM STDIN` of `data` that must fail: its SQLSTATE, message and context.
+async fn copy_error(
+    client: &tokio_postgres::Client,
+    data: &str,
+) -> (String, String, Option<String>) {
+    use futures::SinkExt;
+    let sink = client
+        .copy_in::<_, bytes::Bytes>("COPY ins FROM STDIN")
+        .await
+        .unwrap();
+    futures::pin_mut!(sink);
+    let done = match sink.send(bytes::Bytes::from(data.to_string())).await {
+        Ok(()) => sink.finish().await,
+        Err(e) => Err(e),
+    };
+    let e = done.expect_err("a bad COPY fails");
+    let db = e.as_db_error().expect("an ErrorResponse");
+    (
+        db.code().code().to_string(),
+        db.message().to_string(),
+        db.where_().map(str::to_string),
+    )
 }
 
 /// Fewer values than columns, with no column list: the rest are NULL, as in Postgres.
@@ -204,6 +248,30 @@ async fn values_print_as_postgres_prints_them() {
         mismatches.is_empty(),
         "values print unlike PostgreSQL's:\n{}",
         mismatches.join("\n")
+    );
+    // The same values through the extended protocol, text format (psycopg's libpq).
+    let dsn =
+        |port: u16, user: &str| format!("host=127.0.0.1 port={port} user={user} dbname={user}");
+    let mut child = std::process::Command::new("python3")
+        .arg(crate::ingest::script("values_check.py"))
+        .arg(dsn(server.port, "tidemark"))
+        .arg(dsn(postgres.port, "postgres"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run python3 (psycopg: pip install 'psycopg[binary]')");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(VALUES.join("\n").as_bytes()).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "extended protocol, text format:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
     server.stop().await;
 }
