@@ -1059,15 +1059,17 @@ impl Engine {
             Outcome::Stopped(_) => (Status::Stopped, None, None),
             Outcome::Failed(e) => (Status::Failed, Some(SinkState::Failed), Some(e.to_string())),
         };
-        self.registry.update(name, |s| {
-            s.status = status;
-            s.error = error.clone();
-        });
+        // Durable first: once FLUSH or SHOW QUERIES sees a query failed or finished, a
+        // restart finds it so.
         if let Some(state) = state
-            && let Err(e) = self.set_sink_state(name, state, error).await
+            && let Err(e) = self.set_sink_state(name, state, error.clone()).await
         {
             tracing::error!(sink = %name, error = %e, "could not record the sink's state");
         }
+        self.registry.update(name, |s| {
+            s.status = status;
+            s.error = error;
+        });
     }
 
     async fn set_sink_state(

@@ -584,11 +584,9 @@ pub async fn run(task: QueryTask) -> Outcome {
     let outcome = match run_inner(task).await {
         Ok(o) => o,
         Err(e) => {
+            // The engine records the failure (durably, then in the registry that FLUSH and
+            // SHOW QUERIES read) when the task ends.
             tracing::error!(query = %name, error = %e, "streaming query failed");
-            registry.update(&name, |s| {
-                s.status = Status::Failed;
-                s.error = Some(e.to_string());
-            });
             Outcome::Failed(e)
         }
     };
