@@ -20,7 +20,6 @@
 
 use std::any::Any;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int64Array};
 use datafusion::arrow::compute::kernels::numeric;
@@ -491,19 +490,14 @@ impl SumGroups {
     ) -> Result<()> {
         self.sums.resize(total, 0);
         self.seen.resize(total, false);
-        let overflow = AtomicBool::new(false);
         for (i, &g) in groups.iter().enumerate() {
             if values.is_null(i) || filter.is_some_and(|f| !f.is_valid(i) || !f.value(i)) {
                 continue;
             }
-            match self.sums[g].checked_add(values.value(i)) {
-                Some(s) => self.sums[g] = s,
-                None => overflow.store(true, Ordering::Relaxed),
-            }
+            self.sums[g] = self.sums[g]
+                .checked_add(values.value(i))
+                .ok_or_else(|| out_of_range(&DataType::Int64))?;
             self.seen[g] = true;
-        }
-        if overflow.load(Ordering::Relaxed) {
-            return Err(out_of_range(&DataType::Int64));
         }
         Ok(())
     }

@@ -948,9 +948,13 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         match batch {
             None => {
                 owed_watermark = false;
-                runner
-                    .registry
-                    .update(&runner.def.name, |s| s.last_drained_trigger = trigger_no);
+                // A bounded run (once, available_now) is caught up when it has finished:
+                // FLUSH waits for that, not for a drained trigger.
+                if !trigger.is_bounded() {
+                    runner
+                        .registry
+                        .update(&runner.def.name, |s| s.last_drained_trigger = trigger_no);
+                }
                 let elapsed = trigger_start.elapsed();
                 durations.insert("triggerExecution".into(), elapsed.as_millis() as u64);
                 runner.report_idle(
@@ -1031,9 +1035,11 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                 // a no-data batch: the next batch applies it).
                 if drains && (owed_watermark || !no_data_due) {
                     owed_watermark = false;
-                    runner
-                        .registry
-                        .update(&runner.def.name, |s| s.last_drained_trigger = trigger_no);
+                    if !trigger.is_bounded() {
+                        runner
+                            .registry
+                            .update(&runner.def.name, |s| s.last_drained_trigger = trigger_no);
+                    }
                 } else if drains {
                     owed_watermark = true;
                 }
