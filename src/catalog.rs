@@ -84,6 +84,8 @@ pub enum StreamSource {
     Delta(DeltaSourceConfig),
     /// `connector = 'nexmark'`: the Nexmark benchmark's generated events.
     Nexmark(NexmarkSourceConfig),
+    /// `connector = 'kafka'`: a Kafka topic's records.
+    Kafka(Arc<crate::source::kafka::KafkaSourceConfig>),
 }
 
 impl StreamSource {
@@ -95,6 +97,7 @@ impl StreamSource {
             StreamSource::RateMicroBatch(_) => "rate_micro_batch",
             StreamSource::Delta(_) => "delta",
             StreamSource::Nexmark(_) => "nexmark",
+            StreamSource::Kafka(_) => "kafka",
         }
     }
 
@@ -107,6 +110,7 @@ impl StreamSource {
             }
             StreamSource::Delta(d) => d.schema.clone(),
             StreamSource::Nexmark(n) => n.table.schema(),
+            StreamSource::Kafka(k) => k.schema.clone(),
         }
     }
 }
@@ -115,10 +119,21 @@ impl StreamSource {
 /// The options reference of `docs/sql.md`, rendered from the option tables (a test keeps
 /// the page equal to it).
 pub fn options_markdown() -> String {
+    render_options(&option_tables())
+}
+
+/// The option tables of the Kafka connectors, as docs/kafka.md lists them.
+pub fn kafka_options_markdown() -> String {
+    render_options(&[&crate::source::kafka::OPTIONS, &crate::sink::kafka::OPTIONS])
+}
+
+fn render_options(tables: &[&crate::sql::options::OptionTable]) -> String {
     let mut out = String::new();
-    for t in option_tables() {
-        let title = if t.object == "sink" {
-            "Sinks (every connector)".to_string()
+    for t in tables {
+        let title = if t.object == "sink" && t.connector == "kafka" {
+            "`kafka` sinks".to_string()
+        } else if t.object == "sink" {
+            "Sinks (delta, parquet, json, csv, console, noop)".to_string()
         } else if t.object == "table" {
             "Tables".to_string()
         } else if t.connector.is_empty() {
@@ -163,7 +178,7 @@ pub fn option_table(kind: QueryKind) -> &'static crate::sql::options::OptionTabl
 
 /// Every connector's option table, streams then sinks: `SHOW OPTIONS`, `tidemark.options`
 /// and the docs list these.
-pub fn option_tables() -> [&'static crate::sql::options::OptionTable; 9] {
+pub fn option_tables() -> [&'static crate::sql::options::OptionTable; 11] {
     [
         &crate::source::file::OPTIONS,
         &crate::source::table::OPTIONS,
@@ -171,7 +186,9 @@ pub fn option_tables() -> [&'static crate::sql::options::OptionTable; 9] {
         &crate::source::rate::RATE_OPTIONS,
         &crate::source::rate::RATE_MICRO_BATCH_OPTIONS,
         &crate::source::nexmark::OPTIONS,
+        &crate::source::kafka::OPTIONS,
         &crate::sink::SINK_OPTIONS,
+        &crate::sink::kafka::OPTIONS,
         &crate::sink::VIEW_OPTIONS,
         &crate::sink::TABLE_OPTIONS,
     ]
@@ -205,12 +222,13 @@ impl StreamDef {
             }
             "delta" => return Self::delta(name, columns, watermark, options),
             "nexmark" => return Self::nexmark(name, columns, watermark, options),
+            "kafka" => return Self::kafka(name, columns, watermark, options),
             other => {
                 return Err(Error::Unsupported {
                     message: format!("connector \"{other}\" is not supported for streams"),
                     hint: Some(
-                        "Use connector = 'file', 'table', 'delta', 'rate', 'rate_micro_batch' \
-                         or 'nexmark'."
+                        "Use connector = 'file', 'table', 'delta', 'kafka', 'rate', \
+                         'rate_micro_batch' or 'nexmark'."
                             .into(),
                     ),
                 });
@@ -473,6 +491,27 @@ impl StreamDef {
             watermark,
             options,
             source: Some(StreamSource::Nexmark(config)),
+            broken: None,
+        })
+    }
+
+    /// A Kafka stream: Spark's Kafka columns, or the declared ones (the value decoded into
+    /// them) followed by the Kafka columns.
+    fn kafka(
+        name: String,
+        columns: Vec<ColumnSpec>,
+        watermark: Option<WatermarkSpec>,
+        options: Options,
+    ) -> Result<StreamDef> {
+        let (columns, config) =
+            crate::source::kafka::KafkaSourceConfig::declare(columns, &options)?;
+        check_columns(&name, &columns, watermark.as_ref())?;
+        Ok(StreamDef {
+            name,
+            columns,
+            watermark,
+            options,
+            source: Some(StreamSource::Kafka(Arc::new(config))),
             broken: None,
         })
     }
@@ -850,7 +889,16 @@ impl Catalog {
     pub fn save(&self, data_dir: &Path) -> Result<()> {
         let text = serde_json::to_string_pretty(self)
             .map_err(|e| Error::Internal(format!("encoding catalog: {e}")))?;
-        write_atomic(&Catalog::file(data_dir), text.as_bytes())
+        let file = Catalog::file(data_dir);
+        write_atomic(&file, text.as_bytes())?;
+        // It holds connection secrets (a Kafka stream's sasl_password): the server's user only.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| Error::io(format!("cannot restrict {}", file.display()), e))?;
+        }
+        Ok(())
     }
 
     pub fn stream(&self, name: &str) -> Option<&StreamDef> {
@@ -955,6 +1003,19 @@ mod tests {
 
     #[test]
     fn docs_list_every_option_as_the_tables_say() {
+        let kafka = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/kafka.md"))
+            .expect("docs/kafka.md");
+        let section = kafka
+            .split_once("<!-- kafka options: begin (rendered from the option tables) -->\n")
+            .and_then(|(_, rest)| rest.split_once("<!-- kafka options: end -->"))
+            .map(|(s, _)| s)
+            .expect("docs/kafka.md has the options section");
+        assert_eq!(
+            section,
+            kafka_options_markdown(),
+            "docs/kafka.md's options section differs from the option tables; paste this in:\n{}",
+            kafka_options_markdown()
+        );
         let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/sql.md"))
             .expect("docs/sql.md");
         let begin = "<!-- options: begin (rendered from the option tables) -->\n";

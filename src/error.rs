@@ -44,6 +44,7 @@ pub enum SqlState {
     InsufficientPrivilege,
     InvalidPassword,
     IoError,
+    ConnectionFailure,
     InternalError,
 }
 
@@ -83,6 +84,7 @@ impl SqlState {
             SqlState::InsufficientPrivilege => "42501",
             SqlState::InvalidPassword => "28P01",
             SqlState::IoError => "58030",
+            SqlState::ConnectionFailure => "08006",
             SqlState::InternalError => "XX000",
         }
     }
@@ -194,6 +196,10 @@ pub enum Error {
         state: SqlState,
         message: String,
     },
+    /// A broker (Kafka) could not be reached or refused a request: Postgres's
+    /// `connection_failure`, as postgres_fdw reports a remote server it cannot reach.
+    #[error("{message}")]
+    Broker { message: String },
     /// A bug: an invariant did not hold.
     #[error("internal error: {0}")]
     Internal(String),
@@ -233,6 +239,7 @@ impl Error {
             Error::Delta { .. } => SqlState::IoError,
             Error::DataFusion(e) => classify_datafusion(e),
             Error::Broken { state, .. } | Error::DataException { state, .. } => *state,
+            Error::Broker { .. } => SqlState::ConnectionFailure,
             Error::Internal(_) => SqlState::InternalError,
         }
     }

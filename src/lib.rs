@@ -13,7 +13,8 @@
 //!   progress, exposes `tidemark.queries`, `tidemark.progress`, `tidemark.sources` and
 //!   `tidemark.state_operators`, posts listener events.
 //! - [`source`]: the file source (listing, reading JSON/CSV/Parquet/text into Arrow).
-//! - [`sink`]: the Delta Lake sink, idempotent by (query id, batch id).
+//! - [`sink`]: the Delta Lake sink, idempotent by (query id, batch id); the Kafka sink.
+//! - [`kafka`]: the Kafka client (rdkafka), for the Kafka source and sink.
 //! - [`state`]: state stores of stateful operators (in memory with durable deltas).
 //! - [`checkpoint`]: the offsets log, commit log and source log, in Spark's layout.
 //! - [`fsutil`]: atomic, durable file writes.
@@ -32,6 +33,7 @@ pub mod error;
 pub mod format;
 pub mod fsutil;
 pub mod http;
+pub mod kafka;
 pub mod server;
 pub mod sink;
 pub mod source;

@@ -4,7 +4,8 @@
 //! `n`-th time (default: first) execution reaches `crash_point("<point>")`. Points, in the
 //! order a micro-batch reaches them (docs/guarantees.md says what each crash does):
 //! `after_source_log_write`, `after_offsets_write`, `before_sink_commit` (after the state
-//! commit), `sink_files_written` (data files written, no log entry yet),
+//! commit), `sink_files_written` (data files written, no log entry yet; a Kafka sink's records
+//! produced, its transaction not committed),
 //! `view_log_before_rename` and `view_after_log` (a materialized view's log file written but
 //! not renamed; renamed, not yet applied), `after_sink_commit`,
 //! `after_commit_log`, `after_compaction` (a Delta sink's auto-compaction committed, after

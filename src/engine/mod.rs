@@ -8,6 +8,7 @@ pub mod checked;
 pub mod dedup;
 mod delta_tables;
 pub mod join;
+pub mod json;
 pub mod metrics;
 pub mod operator;
 pub mod plan;
@@ -119,6 +120,7 @@ impl Engine {
             me: me.clone(),
         });
         window::register_udfs(&engine.ctx);
+        json::register_udfs(&engine.ctx);
         engine
             .ctx
             .add_analyzer_rule(Arc::new(checked::CheckedArithmetic));
@@ -492,6 +494,10 @@ impl Engine {
             cs.columns
         };
         let def = StreamDef::try_new(cs.name, columns, cs.watermark, cs.options, true)?;
+        if let Ok(StreamSource::Kafka(k)) = def.source() {
+            // An unreachable broker is an error now, within a bounded time.
+            crate::kafka::check_reachable(&k.conn).await?;
+        }
         self.register_stream(&def).await?;
         cat.streams.push(def);
         if let Err(e) = cat.save(&self.data_dir) {
@@ -515,7 +521,10 @@ impl Engine {
             }
             QueryKind::MaterializedView => SinkConnector::View,
         };
-        let table = crate::catalog::option_table(cs.kind);
+        let table = match cs.kind {
+            QueryKind::Sink => connector.option_table(),
+            QueryKind::MaterializedView => crate::catalog::option_table(cs.kind),
+        };
         cs.options.check(table)?;
         let merge_path = match &cs.merge {
             Some(merge) => Some(self.merge_sink_target(cat, cs, merge, connector)?),
@@ -624,6 +633,13 @@ impl Engine {
         }
         if connector == SinkConnector::View {
             crate::sink::view::Retention::from_options(&cs.options, &shape.output())?;
+        }
+        if connector == SinkConnector::Kafka {
+            // The rows' columns fit the records, and the brokers answer: errors at CREATE,
+            // within a bounded time, not at the first batch.
+            crate::sink::kafka::KafkaSinkConfig::new(&cs.options, &shape.output())?
+                .check_reachable()
+                .await?;
         }
         let (checkpoint, owns_checkpoint) = match cs.options.get("checkpoint_location") {
             Some(p) => (absolute(p)?, false),
@@ -879,8 +895,10 @@ impl Engine {
         options: crate::sql::options::Options,
         kind: QueryKind,
     ) -> Result<Output> {
-        query_def(&*self.catalog.lock().await, name, kind)?;
-        let table = crate::catalog::option_table(kind);
+        let table = match query_def(&*self.catalog.lock().await, name, kind)?.connector() {
+            Ok(c) if kind == QueryKind::Sink => c.option_table(),
+            _ => crate::catalog::option_table(kind),
+        };
         options.check(table)?;
         if let Some(key) = options
             .0
@@ -1354,7 +1372,10 @@ impl Engine {
                     Some(s.name.clone()),
                     Some(s.streams.join(", ")),
                     Some(s.options.get("connector").unwrap_or("delta").to_string()),
-                    Some(s.path.display().to_string()),
+                    // A console, noop or kafka sink has no directory.
+                    s.connector()
+                        .is_ok_and(|c| c.has_path())
+                        .then(|| s.path.display().to_string()),
                     Some(s.trigger.to_string()),
                     Some(s.output_mode.clone()),
                     Some(s.checkpoint.display().to_string()),

@@ -1065,6 +1065,7 @@ fn streaming_context(runtime: Arc<BatchRuntime>, partitions: usize) -> SessionCo
         .build();
     let ctx = SessionContext::new_with_state(state);
     super::window::register_udfs(&ctx);
+    super::json::register_udfs(&ctx);
     ctx.add_analyzer_rule(Arc::new(super::checked::CheckedArithmetic));
     ctx
 }

@@ -188,6 +188,7 @@ pub fn checkpoint_definition(
             .map(|stream| match stream.source() {
                 Ok(StreamSource::File(f)) => f.identity(),
                 Ok(StreamSource::Delta(d)) => format!("delta:{}", d.path.display()),
+                Ok(StreamSource::Kafka(k)) => k.identity(),
                 _ => format!("{}:{}", stream.connector(), stream.name),
             })
             .collect::<Vec<_>>()
@@ -340,6 +341,11 @@ pub fn explain(def: &SinkDef, streams: &[&StreamDef], shape: &SinkShape) -> Resu
         SinkConnector::File(f) => format!("FileSink[{}]", f.name()),
         SinkConnector::View => "MaterializedView".to_string(),
         SinkConnector::DeltaMerge => "DeltaMergeSink".to_string(),
+        SinkConnector::Kafka => format!(
+            "KafkaSink[{}] delivery={}",
+            def.options.get("topic").unwrap_or("<topic column>"),
+            def.options.get("delivery").unwrap_or("exactly_once")
+        ),
     };
     let path = if connector.has_path() {
         format!(" path={}", def.path.display())
@@ -456,6 +462,7 @@ fn describe_source(stream: &StreamDef) -> String {
             r.rows_per_batch, r.num_partitions, r.start_timestamp_ms, r.advance_ms_per_batch
         ),
         StreamSource::Nexmark(n) => n.describe(),
+        StreamSource::Kafka(k) => k.describe(),
     }
 }
 
@@ -693,6 +700,19 @@ fn open_source(task: &QueryTask, ckpt: &Checkpoint, i: usize) -> Result<Box<dyn 
                 config.max_files_per_trigger = n;
             }
             Box::new(crate::source::delta::DeltaSource::new(config))
+        }
+        StreamSource::Kafka(config) => {
+            let mut config = config.clone();
+            // A sink's max_offsets_per_trigger overrides its stream's.
+            if let Some(n) = def.options.positive_int("max_offsets_per_trigger")? {
+                let mut c = (*config).clone();
+                c.max_offsets_per_trigger = Some(n);
+                config = Arc::new(c);
+            }
+            Box::new(crate::source::kafka::KafkaSource::open(
+                config,
+                ckpt.source_dir(i),
+            )?)
         }
     })
 }

@@ -201,7 +201,7 @@ impl FileDecoder {
                             batches,
                             ..FileRead::default()
                         }),
-                        Err(_) => self.read_records(file, &text[..]),
+                        Err(_) => self.read_records(&text[..], &file_place(file)),
                     };
                 }
                 // Fast path: the whole file at once. Any error: again, record by record.
@@ -215,7 +215,7 @@ impl FileDecoder {
                     Ok(f) => f,
                     Err(e) => return Err(Error::io(format!("cannot read {}", file.display()), e)),
                 };
-                return self.read_records(file, BufReader::with_capacity(1 << 20, f));
+                return self.read_records(BufReader::with_capacity(1 << 20, f), &file_place(file));
             }
             FileFormat::Parquet => {
                 let builder = ParquetRecordBatchReaderBuilder::try_new(f)
@@ -270,6 +270,21 @@ impl FileDecoder {
             batches,
             ..FileRead::default()
         })
+    }
+
+    /// Records given as text, one per line (a Kafka stream's values), decoded like a file's
+    /// lines: malformed ones as the mode says, each placed by `place(line)` in errors.
+    pub fn read_text(&self, text: &[u8], place: &dyn Fn(u64) -> String) -> Result<FileRead> {
+        if !matches!(self.format, FileFormat::Json | FileFormat::Csv { .. }) {
+            return Err(Error::Internal("not a record format".into()));
+        }
+        if let Ok(batches) = self.read_whole(text, false) {
+            return Ok(FileRead {
+                batches,
+                ..FileRead::default()
+            });
+        }
+        self.read_records(text, place)
     }
 
     /// The declared schema without `_corrupt_record`: what the records hold.
@@ -451,7 +466,11 @@ impl FileDecoder {
     /// JSON or CSV records, one per line, with malformed ones handled per [`ParseMode`].
     /// Groups of lines are decoded together; a group that fails is decoded line by line to
     /// find the bad records.
-    fn read_records(&self, file: &Path, mut reader: impl BufRead) -> Result<FileRead> {
+    fn read_records(
+        &self,
+        mut reader: impl BufRead,
+        place: &dyn Fn(u64) -> String,
+    ) -> Result<FileRead> {
         let data_schema = self.data_schema();
         let corrupt_idx = self.schema.index_of(CORRUPT_RECORD).ok();
         let skip_header = matches!(self.format, FileFormat::Csv { header: true, .. });
@@ -466,7 +485,7 @@ impl FileDecoder {
             line.clear();
             let read = reader
                 .read_until(b'\n', &mut line)
-                .map_err(|e| Error::io(format!("reading {}", file.display()), e))?;
+                .map_err(|e| Error::io(format!("reading {}", place(0)), e))?;
             if read > 0 {
                 line_no += 1;
                 if skip_header && line_no == 1 {
@@ -502,9 +521,9 @@ impl FileDecoder {
                                     match self.mode {
                                         ParseMode::FailFast => {
                                             return Err(Error::BadInput(format!(
-                                                "malformed {} record in {} line {n}: {reason}",
+                                                "malformed {} record in {}: {reason}",
                                                 self.format.name(),
-                                                file.display()
+                                                place(*n as u64)
                                             )));
                                         }
                                         ParseMode::DropMalformed => {}
@@ -532,7 +551,7 @@ impl FileDecoder {
         }
         if out.malformed > 0 {
             tracing::warn!(
-                file = %file.display(),
+                place = %place(0),
                 malformed = out.malformed,
                 mode = ?self.mode,
                 "malformed records"
@@ -540,6 +559,14 @@ impl FileDecoder {
         }
         out.batches = assemble(&self.schema, &data_schema, corrupt_idx, parts)?;
         Ok(out)
+    }
+}
+
+/// Where a file's record is, for errors: `file line n` (line 0: the file itself).
+fn file_place(file: &Path) -> impl Fn(u64) -> String + '_ {
+    move |n| match n {
+        0 => file.display().to_string(),
+        n => format!("{} line {n}", file.display()),
     }
 }
 

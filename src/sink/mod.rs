@@ -8,6 +8,7 @@
 pub mod console;
 pub mod delta;
 pub mod file;
+pub mod kafka;
 pub mod noop;
 pub mod view;
 
@@ -85,6 +86,13 @@ const MAX_ROWS_PER_TRIGGER: OptionSpec = OptionSpec::new(
     "Overrides the table streams' own limit",
 )
 .alterable();
+const MAX_OFFSETS_PER_TRIGGER: OptionSpec = OptionSpec::new(
+    "max_offsets_per_trigger",
+    OptionType::PositiveInt,
+    None,
+    "Overrides the Kafka streams' own limit",
+)
+.alterable();
 
 const LATE_ROWS: OptionSpec = OptionSpec::new(
     "late_rows",
@@ -98,10 +106,10 @@ const MALFORMED_ROWS: OptionSpec = OptionSpec::new(
     "malformed_rows",
     OptionType::OneOf(&["drop", "table"]),
     Some("drop"),
-    "Input records that did not parse (JSON or CSV file streams; kept as NULL rows or \
-     dropped as the stream's mode says): drop, counted only; table, also written to the \
-     table <name>_malformed_rows with the batch id, the stream, the file, the line number, \
-     the raw line and the reason",
+    "Input records that did not parse (JSON or CSV file and Kafka streams; kept as NULL \
+     rows or dropped as the stream's mode says): drop, counted only; table, also written to \
+     the table <name>_malformed_rows with the batch id, the stream, the file (a Kafka \
+     record's topic-partition), the line number (its offset), the raw line and the reason",
 );
 const MAX_EVENT_TIME_SKEW: OptionSpec = OptionSpec::new(
     "max_event_time_skew",
@@ -119,9 +127,11 @@ pub const SINK_OPTIONS: OptionTable = OptionTable {
     options: &[
         OptionSpec::new(
             "connector",
-            OptionType::OneOf(&["delta", "parquet", "json", "csv", "console", "noop"]),
+            OptionType::OneOf(&[
+                "delta", "parquet", "json", "csv", "console", "noop", "kafka",
+            ]),
             Some("delta"),
-            "Where the rows go",
+            "Where the rows go (kafka sinks take the options of their own table)",
         ),
         OptionSpec::new(
             "path",
@@ -147,6 +157,7 @@ pub const SINK_OPTIONS: OptionTable = OptionTable {
         MAX_EVENT_TIME_SKEW,
         MAX_FILES_PER_TRIGGER,
         MAX_ROWS_PER_TRIGGER,
+        MAX_OFFSETS_PER_TRIGGER,
         OptionSpec::new(
             "auto_compact",
             OptionType::NonNegativeInt,
@@ -182,6 +193,7 @@ pub const VIEW_OPTIONS: OptionTable = OptionTable {
         MAX_EVENT_TIME_SKEW,
         MAX_FILES_PER_TRIGGER,
         MAX_ROWS_PER_TRIGGER,
+        MAX_OFFSETS_PER_TRIGGER,
         OptionSpec::new(
             "retention",
             OptionType::Duration,
@@ -349,17 +361,21 @@ pub enum SinkConnector {
     View,
     /// A MERGE sink ([`delta::merge::MergeSink`]): `CREATE SINK ... AS MERGE INTO`.
     DeltaMerge,
+    /// A Kafka topic ([`kafka::KafkaSink`]).
+    Kafka,
 }
 
 impl SinkConnector {
     /// The connectors a sink may name.
-    pub const NAMES: &'static str = "'delta', 'parquet', 'json', 'csv', 'console' or 'noop'";
+    pub const NAMES: &'static str =
+        "'delta', 'kafka', 'parquet', 'json', 'csv', 'console' or 'noop'";
 
     pub fn parse(name: &str) -> Result<SinkConnector> {
         match name {
             "delta" => Ok(SinkConnector::Delta),
             "console" => Ok(SinkConnector::Console),
             "noop" => Ok(SinkConnector::Noop),
+            "kafka" => Ok(SinkConnector::Kafka),
             other => match SinkFormat::from_connector(other) {
                 Some(f) => Ok(SinkConnector::File(f)),
                 None => Err(Error::Unsupported {
@@ -377,6 +393,7 @@ impl SinkConnector {
             SinkConnector::Noop => "noop",
             SinkConnector::View => "view",
             SinkConnector::DeltaMerge => "delta",
+            SinkConnector::Kafka => "kafka",
             SinkConnector::File(f) => f.name(),
         }
     }
@@ -388,7 +405,19 @@ impl SinkConnector {
 
     /// Whether the sink has a folder or table at `path`.
     pub fn has_path(self) -> bool {
-        !matches!(self, SinkConnector::Console | SinkConnector::Noop)
+        !matches!(
+            self,
+            SinkConnector::Console | SinkConnector::Noop | SinkConnector::Kafka
+        )
+    }
+
+    /// The options a sink of this connector takes.
+    pub fn option_table(self) -> &'static OptionTable {
+        match self {
+            SinkConnector::Kafka => &kafka::OPTIONS,
+            SinkConnector::View => &VIEW_OPTIONS,
+            _ => &SINK_OPTIONS,
+        }
     }
 
     /// Creates (or checks) what the sink writes into: the Delta table with `schema`, the
@@ -405,7 +434,7 @@ impl SinkConnector {
                 }
                 Ok(())
             }
-            SinkConnector::Console | SinkConnector::Noop => Ok(()),
+            SinkConnector::Console | SinkConnector::Noop | SinkConnector::Kafka => Ok(()),
         }
     }
 
@@ -432,6 +461,9 @@ impl SinkConnector {
             SinkConnector::File(f) => Box::new(file::FileSink::new(path, f, schema.clone())?),
             SinkConnector::Console => Box::new(console::ConsoleSink::new(name)),
             SinkConnector::Noop => Box::new(noop::NoopSink),
+            SinkConnector::Kafka => Box::new(kafka::KafkaSink::new(kafka::KafkaSinkConfig::new(
+                options, output,
+            )?)),
             SinkConnector::View => {
                 Box::new(view::ViewSink::new(view::open(path, output, options)?))
             }
@@ -477,7 +509,7 @@ impl SinkConnector {
                 Some(Arc::new(delta::DeltaReadTable::try_new(path).await?))
             }
             SinkConnector::File(f) => Some(Arc::new(file::read_table(path, f, schema.clone()))),
-            SinkConnector::Console | SinkConnector::Noop => None,
+            SinkConnector::Console | SinkConnector::Noop | SinkConnector::Kafka => None,
         })
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod delta;
 pub mod file;
+pub mod kafka;
 pub mod nexmark;
 pub mod rate;
 pub mod table;

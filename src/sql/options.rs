@@ -153,7 +153,7 @@ pub struct OptionTable {
 impl OptionTable {
     /// "a file stream", "a sink", … as errors name it.
     pub fn what(&self) -> String {
-        if self.object == "sink" {
+        if self.object == "sink" && (self.connector.is_empty() || self.connector.contains('|')) {
             "a sink".into()
         } else if self.connector.is_empty() {
             format!("a {}", self.object)
@@ -217,6 +217,16 @@ impl Options {
 
     pub fn get(&self, key: &str) -> Option<&str> {
         self.0.get(key).map(String::as_str)
+    }
+
+    /// Options from pairs, as written (later pairs win).
+    pub fn of(pairs: &[(&str, &str)]) -> Options {
+        Options(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
     }
 
     /// A positive integer option.

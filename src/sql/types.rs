@@ -46,6 +46,61 @@ pub fn sql_to_arrow(sql_type: &str) -> Result<DataType> {
     Ok(dt)
 }
 
+/// A schema as Spark's `from_json` takes it, in DDL: `a INT, b STRING, c DECIMAL(10, 2)`
+/// (names may be quoted with backquotes or double quotes; an optional `:` after a name).
+pub fn parse_ddl_schema(ddl: &str) -> Result<Vec<(String, DataType)>> {
+    let bad = |why: String| Error::InvalidOption {
+        message: format!("invalid schema \"{ddl}\": {why}"),
+        hint: Some("Write the schema as Spark's DDL: 'a INT, b STRING'.".into()),
+    };
+    // Cut at commas outside parentheses.
+    let mut parts = Vec::new();
+    let (mut depth, mut start) = (0i32, 0usize);
+    for (i, ch) in ddl.char_indices() {
+        match ch {
+            '(' | '<' => depth += 1,
+            ')' | '>' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&ddl[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&ddl[start..]);
+    let mut out = Vec::new();
+    for part in parts {
+        let part = part.trim();
+        if part.is_empty() {
+            return Err(bad("an empty field".into()));
+        }
+        let (name, rest) = match part.chars().next() {
+            Some(q @ ('`' | '"')) => {
+                let end = part[1..]
+                    .find(q)
+                    .ok_or_else(|| bad(format!("unclosed quote in \"{part}\"")))?;
+                (part[1..=end].to_string(), &part[end + 2..])
+            }
+            _ => {
+                let end = part
+                    .find(|c: char| c.is_whitespace() || c == ':')
+                    .ok_or_else(|| bad(format!("field \"{part}\" has no type")))?;
+                (part[..end].to_string(), &part[end..])
+            }
+        };
+        let ty = rest.trim_start().trim_start_matches(':').trim();
+        if ty.is_empty() {
+            return Err(bad(format!("field \"{name}\" has no type")));
+        }
+        let dt = sql_to_arrow(ty).map_err(|e| bad(e.to_string()))?;
+        if out.iter().any(|(n, _)| *n == name) {
+            return Err(bad(format!("field \"{name}\" is given twice")));
+        }
+        out.push((name, dt));
+    }
+    Ok(out)
+}
+
 fn numeric_args(t: &str) -> Result<(u8, i8)> {
     let Some(open) = t.find('(') else {
         return Ok((38, 10));

@@ -12,7 +12,7 @@ const LAYERS: &[&[&str]] = &[
     &["engine"],
     &["catalog"],
     &["checkpoint", "sink", "source", "state"],
-    &["format"],
+    &["format", "kafka"],
     &["sql"],
     &["auth", "clock", "config", "fsutil", "testing", "types"],
     &["error"],

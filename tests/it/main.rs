@@ -10,6 +10,7 @@ mod failure;
 mod fuzz;
 mod harness;
 mod ingest;
+mod kafka;
 mod monitoring;
 mod oracle;
 mod property;

@@ -11,7 +11,8 @@
 //! either the code (`statement error (42P01)`) or the text.
 //! `TIDEMARK_SLT=<substring>` runs only the files whose name contains it. `system` commands
 //! can reach the file's server as `psql -h 127.0.0.1 -p $TIDEMARK_PORT` (psql must be
-//! installed; `.ci/run` installs it).
+//! installed; `.ci/run` installs it). A file whose name starts with `kafka` gets a Kafka
+//! broker of its own (tansu, as `tests/it/kafka.rs` starts it) at `$KAFKA_BOOTSTRAP`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -148,6 +149,13 @@ impl AsyncDB for SltDb {
 
 async fn run_file(path: &Path) -> Result<(), String> {
     let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let kafka_file = path
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with("kafka"));
+    if kafka_file && !crate::kafka::prerequisites(true) {
+        return Ok(());
+    }
+    let broker = kafka_file.then(|| crate::kafka::Tansu::start(tmp.path()));
     // Started here on port 0, so the port is known before the file runs.
     let data_dir = tmp.path().join("data");
     let server = TestServer::start(&data_dir, 0, &[]).await;
@@ -173,6 +181,9 @@ async fn run_file(path: &Path) -> Result<(), String> {
     });
     // `$TIDEMARK_PORT` in `system` commands: psql's \copy against this file's server.
     runner.set_var("TIDEMARK_PORT".into(), port.to_string());
+    if let Some(b) = &broker {
+        runner.set_var("KAFKA_BOOTSTRAP".into(), b.bootstrap.clone());
+    }
     let result = runner.run_file_async(path).await;
     let server = shared.lock().await.server.take();
     let log = server.as_ref().map(|s| s.log()).unwrap_or_default();
