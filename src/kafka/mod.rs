@@ -223,6 +223,13 @@ impl Isolation {
     }
 }
 
+/// Which end of partitions [`Admin::ends`] lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ends {
+    Earliest,
+    Latest,
+}
+
 /// Offsets by topic and partition: the next offset to read of each (Spark's form in
 /// `offsets/N`: `{"topic": {"0": 42}}`).
 pub type PartitionOffsets = BTreeMap<String, BTreeMap<i32, i64>>;
@@ -338,21 +345,66 @@ impl Admin {
         parts: &[(String, i32)],
         timestamp_ms: i64,
     ) -> Result<BTreeMap<(String, i32), Option<i64>>> {
+        self.list_offsets(parts, timestamp_ms)
+    }
+
+    /// Every partition's earliest offset (`Ends::Earliest`) or latest (the high
+    /// watermark; under `read_committed`, the last stable offset), in one request to each
+    /// leader rather than one per partition.
+    pub fn ends(
+        &self,
+        parts: &[(String, i32)],
+        which: Ends,
+    ) -> Result<BTreeMap<(String, i32), i64>> {
+        let at = match which {
+            Ends::Earliest => -2,
+            Ends::Latest => -1,
+        };
+        let found = self.list_offsets(parts, at)?;
+        found
+            .into_iter()
+            .map(|(k, v)| match v {
+                Some(v) => Ok((k, v)),
+                None => Err(Error::Broker {
+                    message: format!(
+                        "kafka at {}: no offsets for {}-{}",
+                        self.conn.bootstrap_servers, k.0, k.1
+                    ),
+                }),
+            })
+            .collect()
+    }
+
+    /// Kafka's ListOffsets: `at` is a time in ms, or -1 (latest) or -2 (earliest).
+    fn list_offsets(
+        &self,
+        parts: &[(String, i32)],
+        at: i64,
+    ) -> Result<BTreeMap<(String, i32), Option<i64>>> {
+        if parts.is_empty() {
+            return Ok(BTreeMap::new());
+        }
         let mut tpl = TopicPartitionList::new();
         for (t, p) in parts {
-            tpl.add_partition_offset(t, *p, KOffset::Offset(timestamp_ms))
+            let o = match at {
+                -1 => KOffset::End,
+                -2 => KOffset::Beginning,
+                t => KOffset::Offset(t),
+            };
+            tpl.add_partition_offset(t, *p, o)
                 .map_err(|e| self.conn.error("bad partition list", &e))?;
         }
         let found = self
             .consumer
             .offsets_for_times(tpl, REQUEST_TIMEOUT)
-            .map_err(|e| self.conn.error("cannot look up offsets by time", &e))?;
+            .map_err(|e| self.conn.error("cannot list offsets", &e))?;
         Ok(found
             .elements()
             .iter()
             .map(|e| {
                 let o = match e.offset() {
                     KOffset::Offset(o) if o >= 0 => Some(o),
+                    KOffset::Beginning if at == -2 => Some(0),
                     _ => None,
                 };
                 ((e.topic().to_string(), e.partition()), o)
@@ -395,6 +447,31 @@ pub async fn check_reachable(conn: &Connection) -> Result<()> {
         .map_err(|e| Error::Internal(format!("kafka check task: {e}")))?
 }
 
+/// Reads offset ranges with one consumer, kept from one read to the next (a query's
+/// batches), so that a batch does not pay for new connections.
+pub struct Reader {
+    conn: Connection,
+    consumer: BaseConsumer,
+}
+
+impl Reader {
+    pub fn new(conn: &Connection, isolation: Isolation) -> Result<Reader> {
+        Ok(Reader {
+            consumer: conn.consumer(isolation)?,
+            conn: conn.clone(),
+        })
+    }
+
+    /// [`read_ranges`] with this reader's consumer.
+    pub fn read(
+        &self,
+        ranges: &[OffsetRange],
+        include_headers: bool,
+    ) -> Result<Vec<PartitionRead>> {
+        read_with(&self.conn, &self.consumer, ranges, include_headers)
+    }
+}
+
 /// Reads the records of `ranges`, each from its `from` up to (not including) its
 /// `until`, in offset order per partition. Records the broker no longer has (retention)
 /// are not there; a range whose records a `read_committed` reader skips (aborted
@@ -402,6 +479,15 @@ pub async fn check_reachable(conn: &Connection) -> Result<()> {
 pub fn read_ranges(
     conn: &Connection,
     isolation: Isolation,
+    ranges: &[OffsetRange],
+    include_headers: bool,
+) -> Result<Vec<PartitionRead>> {
+    Reader::new(conn, isolation)?.read(ranges, include_headers)
+}
+
+fn read_with(
+    conn: &Connection,
+    consumer: &BaseConsumer,
     ranges: &[OffsetRange],
     include_headers: bool,
 ) -> Result<Vec<PartitionRead>> {
@@ -413,11 +499,12 @@ pub fn read_ranges(
             records: Vec::with_capacity((r.until - r.from).clamp(0, 1 << 20) as usize),
         })
         .collect();
-    let mut pending: BTreeMap<(String, i32), (usize, i64)> = BTreeMap::new();
+    // Per partition: its range's index, and the range.
+    let mut pending: BTreeMap<(String, i32), (usize, i64, i64)> = BTreeMap::new();
     let mut tpl = TopicPartitionList::new();
     for (i, r) in ranges.iter().enumerate() {
         if r.until > r.from {
-            pending.insert((r.topic.clone(), r.partition), (i, r.until));
+            pending.insert((r.topic.clone(), r.partition), (i, r.from, r.until));
             tpl.add_partition_offset(&r.topic, r.partition, KOffset::Offset(r.from))
                 .map_err(|e| conn.error("bad partition list", &e))?;
         }
@@ -425,7 +512,6 @@ pub fn read_ranges(
     if pending.is_empty() {
         return Ok(out);
     }
-    let consumer = conn.consumer(isolation)?;
     consumer
         .assign(&tpl)
         .map_err(|e| conn.error("cannot assign partitions", &e))?;
@@ -448,11 +534,15 @@ pub fn read_ranges(
         match msg {
             Ok(m) => {
                 let key = (m.topic().to_string(), m.partition());
-                let Some(&(i, until)) = pending.get(&key) else {
+                let Some(&(i, from, until)) = pending.get(&key) else {
                     continue;
                 };
                 last_progress = Instant::now();
                 let offset = m.offset();
+                // A record fetched for an earlier assignment of the partition is not ours.
+                if offset < from {
+                    continue;
+                }
                 if offset < until {
                     let headers = if include_headers {
                         m.headers().map(|h| {
@@ -490,7 +580,7 @@ pub fn read_ranges(
                         tpl.find_partition(&key.0, key.1)
                             .and_then(|e| e.offset().to_raw())
                     });
-                    let until = pending.get(&key).map_or(0, |v| v.1);
+                    let until = pending.get(&key).map_or(0, |v| v.2);
                     // With several topics, an EOF names only the partition: only a
                     // partition whose position has reached its range's end is done,
                     // unless the broker has nothing more (its end is before `until`).
@@ -518,6 +608,8 @@ pub fn read_ranges(
             Err(e) => tracing::debug!(error = %e, "kafka read: transient error"),
         }
     }
+    // Nothing more to fetch until the next read assigns its ranges.
+    let _ = consumer.unassign();
     Ok(out)
 }
 

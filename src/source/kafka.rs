@@ -32,8 +32,8 @@ use super::{Arrival, Backlog, BatchStream, MalformedRecord, Offset, ReadLimit, S
 use crate::error::{Error, Result};
 use crate::format::{FileDecoder, FileFormat, ParseMode};
 use crate::kafka::{
-    Admin, BOOTSTRAP_SERVERS, Connection, Isolation, OffsetRange, PartitionOffsets, PartitionRead,
-    SECURITY_OPTIONS,
+    Admin, BOOTSTRAP_SERVERS, Connection, Ends, Isolation, OffsetRange, PartitionOffsets,
+    PartitionRead, Reader, SECURITY_OPTIONS,
 };
 use crate::sql::options::{OptionSpec, OptionTable, OptionType, Options, parse_duration};
 use crate::sql::parser::ColumnSpec;
@@ -678,13 +678,16 @@ fn snapshot(admin: &Admin, sub: &Subscription) -> Result<Snapshot> {
             .filter(|(t, _)| sub.matches(t))
             .collect(),
     };
+    let parts: Vec<(String, i32)> = topics
+        .into_iter()
+        .flat_map(|(t, ps)| ps.into_iter().map(move |p| (t.clone(), p)))
+        .collect();
     let mut s = Snapshot::default();
-    for (t, parts) in topics {
-        for p in parts {
-            let (low, high) = admin.watermarks(&t, p)?;
-            set(&mut s.earliest, &t, p, low);
-            set(&mut s.latest, &t, p, high);
-        }
+    for ((t, p), o) in admin.ends(&parts, Ends::Earliest)? {
+        set(&mut s.earliest, &t, p, o);
+    }
+    for ((t, p), o) in admin.ends(&parts, Ends::Latest)? {
+        set(&mut s.latest, &t, p, o);
     }
     Ok(s)
 }
@@ -710,9 +713,13 @@ pub struct KafkaSource {
     admin: Option<Arc<Admin>>,
     initial: Option<PartitionOffsets>,
     available_now: Option<PartitionOffsets>,
-    last_trigger: Instant,
+    /// When the last batch was planned (none yet: Spark's `lastTriggerMillis` of 0, so
+    /// `min_offsets_per_trigger` never delays the first batch).
+    last_trigger: Option<Instant>,
     down_since: Option<Instant>,
     seen: Mutex<Seen>,
+    /// The consumer batches read with, made at the first read and again after a failed one.
+    reader: Arc<Mutex<Option<Reader>>>,
 }
 
 impl KafkaSource {
@@ -725,9 +732,10 @@ impl KafkaSource {
             admin: None,
             initial: None,
             available_now: None,
-            last_trigger: Instant::now(),
+            last_trigger: None,
             down_since: None,
             seen: Mutex::new(Seen::default()),
+            reader: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -900,7 +908,11 @@ impl Source for KafkaSource {
             ReadLimit::AllAvailable => latest.clone(),
             ReadLimit::Default => {
                 let delay = match self.config.min_offsets_per_trigger {
-                    Some(min) if self.last_trigger.elapsed() < self.config.max_trigger_delay => {
+                    Some(min)
+                        if self
+                            .last_trigger
+                            .is_some_and(|t| t.elapsed() < self.config.max_trigger_delay) =>
+                    {
                         let new: i64 = flat(&latest)
                             .map(|((t, p), l)| {
                                 l - get(&start, t, p)
@@ -923,7 +935,7 @@ impl Source for KafkaSource {
             }
         };
         if end != start {
-            self.last_trigger = Instant::now();
+            self.last_trigger = Some(Instant::now());
         }
         let mut seen = self.seen();
         seen.held_back = end != latest;
@@ -950,14 +962,17 @@ impl Source for KafkaSource {
         let config = self.config.clone();
         let earliest = self.seen().earliest.clone();
         let admin = self.admin.clone();
+        let reader = self.reader.clone();
         let (reads, losses) = tokio::task::spawn_blocking(move || -> Result<_> {
             // Earliest offsets as of now, for the partitions this batch reads (new ones
             // start there; offsets below it are gone).
             let mut earliest = earliest;
             if let Some(admin) = &admin {
-                for ((t, p), _) in flat(&end) {
-                    if let Ok((low, _)) = admin.watermarks(t, p) {
-                        set(&mut earliest, t, p, low);
+                let parts: Vec<(String, i32)> =
+                    flat(&end).map(|((t, p), _)| (t.to_string(), p)).collect();
+                if let Ok(now) = admin.ends(&parts, Ends::Earliest) {
+                    for ((t, p), low) in now {
+                        set(&mut earliest, &t, p, low);
                     }
                 }
             }
@@ -971,13 +986,18 @@ impl Source for KafkaSource {
                     l.message
                 )));
             }
-            let reads = crate::kafka::read_ranges(
-                &config.conn,
-                config.isolation,
-                &ranges,
-                config.include_headers,
-            )?;
-            Ok((reads, losses))
+            let mut reader = reader.lock().unwrap_or_else(|p| p.into_inner());
+            if reader.is_none() {
+                *reader = Some(Reader::new(&config.conn, config.isolation)?);
+            }
+            let read = match reader.as_ref() {
+                Some(r) => r.read(&ranges, config.include_headers),
+                None => Err(Error::Internal("no kafka reader".into())),
+            };
+            if read.is_err() {
+                *reader = None;
+            }
+            Ok((read?, losses))
         })
         .await
         .map_err(|e| Error::Internal(format!("kafka read task: {e}")))??;
