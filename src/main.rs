@@ -210,10 +210,11 @@ async fn serve(
             }
         });
     }
+    let shutdown = shutdown_signal();
     tracing::info!(%addr, data_dir = %engine.data_dir().display(), "tidemark is ready");
     // Tests read this line to learn the port when listening on port 0.
     println!("listening on {addr}");
-    tidemark::server::run(listener, engine.clone(), options, shutdown_signal())
+    tidemark::server::run(listener, engine.clone(), options, shutdown)
         .await
         .map_err(|e| Error::io("serving", e))?;
     let _ = stop_http.send(());
@@ -222,25 +223,22 @@ async fn serve(
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Resolves at SIGTERM or SIGINT. SIGTERM's handler is installed when this is called, not
+/// when the future is first polled: a SIGTERM right after "listening on" (a test, a
+/// supervisor) is then a graceful shutdown, not the default action's kill.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    async move {
+        let ctrl_c = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        if let Some(mut term) = term {
+            tokio::select! {
+                _ = ctrl_c => {}
+                _ = term.recv() => {}
+            }
+            return;
         }
-    }
-    #[cfg(not(unix))]
-    {
         let _ = ctrl_c.await;
     }
 }
