@@ -28,7 +28,7 @@ TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
 def broker(*topics):
     """Starts the mock broker with `topics` (name:partitions); (process, bootstrap)."""
     p = subprocess.Popen(
-        [os.path.join(TARGET, "release/examples/mock_broker"), *topics],
+        [os.environ.get("MOCK_BROKER", os.path.join(TARGET, "release/examples/mock_broker")), *topics],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

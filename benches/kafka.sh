@@ -15,7 +15,7 @@
 #
 # Spark is not run beside these: its Kafka connector (spark-sql-kafka) is not in PySpark's
 # wheel, and this machine reaches no Maven repository. Needs Python's confluent-kafka and
-# psycopg 3. SKIP_BUILD: use the binaries as built.
+# psycopg 3. SKIP_BUILD: use the binaries as built; MOCK_BROKER: the mock_broker binary to run.
 set -euo pipefail
 EVENTS=${1:-1000000}
 SECONDS_PER_RUN=${RUN_SECONDS:-20}
