@@ -39,123 +39,119 @@ use crate::sql::options::{OptionSpec, OptionTable, OptionType, Options, parse_du
 use crate::sql::parser::ColumnSpec;
 use crate::sql::types::sql_to_arrow;
 
-const fn stream_options() -> [OptionSpec; 21] {
-    [
-        OptionSpec::new(
-            "connector",
-            OptionType::OneOf(&["kafka"]),
-            None,
-            "The connector",
-        )
-        .required(),
-        BOOTSTRAP_SERVERS,
-        OptionSpec::new(
-            "topic",
-            OptionType::Text,
-            None,
-            "The topic to read, or a comma list of topics (Spark's subscribe); exactly one of \
-             topic and topic_pattern",
-        ),
-        OptionSpec::new(
-            "topic_pattern",
-            OptionType::Text,
-            None,
-            "A regular expression the whole topic name matches (Spark's subscribePattern); \
-             topics created later that match are read too",
-        ),
-        OptionSpec::new(
-            "starting_offsets",
-            OptionType::Text,
-            Some("latest"),
-            "Where a new query starts: earliest, latest, or Spark's JSON per partition, \
-             {\"topic\": {\"0\": 23, \"1\": -2}} (-2 earliest, -1 latest), naming every \
-             partition; a restart resumes from its checkpoint",
-        ),
-        OptionSpec::new(
-            "starting_timestamp",
-            OptionType::NonNegativeInt,
-            None,
-            "Where a new query starts, instead: in every partition, the first record at or \
-             after this time (ms since the epoch); a partition with none fails the query",
-        ),
-        OptionSpec::new(
-            "max_offsets_per_trigger",
-            OptionType::PositiveInt,
-            None,
-            "At most this many offsets per batch, shared among partitions in proportion to \
-             their backlog (Spark's maxOffsetsPerTrigger); a sink's own option overrides it",
-        ),
-        OptionSpec::new(
-            "min_offsets_per_trigger",
-            OptionType::PositiveInt,
-            None,
-            "A batch waits until this many new offsets are there, or max_trigger_delay has \
-             passed since the last batch",
-        ),
-        OptionSpec::new(
-            "max_trigger_delay",
-            OptionType::Duration,
-            Some("15 minutes"),
-            "With min_offsets_per_trigger: the longest a batch waits",
-        ),
-        OptionSpec::new(
-            "fail_on_data_loss",
-            OptionType::Boolean,
-            Some("true"),
-            "Whether offsets that are gone (aged out by retention, a topic deleted or \
-             recreated, a new partition that does not start at 0) fail the query; false skips \
-             them, counts them (dataLoss in progress) and logs a warning",
-        ),
-        OptionSpec::new(
-            "include_headers",
-            OptionType::Boolean,
-            Some("false"),
-            "Adds the column headers: each record's headers as a JSON array of {\"key\", \
-             \"value\"} (NULL for a record without headers)",
-        ),
-        OptionSpec::new(
-            "isolation_level",
-            OptionType::OneOf(&["read_uncommitted", "read_committed"]),
-            Some("read_uncommitted"),
-            "What is read of transactions: read_uncommitted, every record (Spark's default); \
-             read_committed, only committed ones (what a Tidemark or Flink exactly-once sink \
-             needs its readers to use)",
-        ),
-        OptionSpec::new(
-            "format",
-            OptionType::OneOf(&["json", "csv", "raw"]),
-            None,
-            "With declared columns: how the value is decoded into them (raw: the value as is, \
-             into the one declared TEXT or BYTEA column)",
-        ),
-        OptionSpec::new(
-            "mode",
-            OptionType::OneOf(&["PERMISSIVE", "DROPMALFORMED", "FAILFAST"]),
-            Some("PERMISSIVE"),
-            "json and csv: what to do with a value that does not decode (as for file streams)",
-        ),
-        OptionSpec::new(
-            "delimiter",
-            OptionType::Char,
-            Some(","),
-            "csv: the field delimiter",
-        ),
-        SECURITY_OPTIONS[0],
-        SECURITY_OPTIONS[1],
-        SECURITY_OPTIONS[2],
-        SECURITY_OPTIONS[3],
-        SECURITY_OPTIONS[4],
-        OptionSpec::new(
-            "broker_timeout",
-            OptionType::Duration,
-            Some("5 minutes"),
-            "How long a running query waits for brokers that stopped answering (retrying, \
-             with progress and the log saying so) before it fails",
-        ),
-    ]
-}
-
-const STREAM_OPTIONS: [OptionSpec; 21] = stream_options();
+const STREAM_OPTIONS: [OptionSpec; 21] = [
+    OptionSpec::new(
+        "connector",
+        OptionType::OneOf(&["kafka"]),
+        None,
+        "The connector",
+    )
+    .required(),
+    BOOTSTRAP_SERVERS,
+    OptionSpec::new(
+        "topic",
+        OptionType::Text,
+        None,
+        "The topic to read, or a comma list of topics (Spark's subscribe); exactly one of \
+         topic and topic_pattern",
+    ),
+    OptionSpec::new(
+        "topic_pattern",
+        OptionType::Text,
+        None,
+        "A regular expression the whole topic name matches (Spark's subscribePattern); \
+         topics created later that match are read too",
+    ),
+    OptionSpec::new(
+        "starting_offsets",
+        OptionType::Text,
+        Some("latest"),
+        "Where a new query starts: earliest, latest, or Spark's JSON per partition, \
+         {\"topic\": {\"0\": 23, \"1\": -2}} (-2 earliest, -1 latest), naming every \
+         partition; a restart resumes from its checkpoint",
+    ),
+    OptionSpec::new(
+        "starting_timestamp",
+        OptionType::NonNegativeInt,
+        None,
+        "Where a new query starts, instead: in every partition, the first record at or \
+         after this time (ms since the epoch); a partition with none fails the query",
+    ),
+    OptionSpec::new(
+        "max_offsets_per_trigger",
+        OptionType::PositiveInt,
+        None,
+        "At most this many offsets per batch, shared among partitions in proportion to \
+         their backlog (Spark's maxOffsetsPerTrigger); a sink's own option overrides it",
+    ),
+    OptionSpec::new(
+        "min_offsets_per_trigger",
+        OptionType::PositiveInt,
+        None,
+        "A batch waits until this many new offsets are there, or max_trigger_delay has \
+         passed since the last batch",
+    ),
+    OptionSpec::new(
+        "max_trigger_delay",
+        OptionType::Duration,
+        Some("15 minutes"),
+        "With min_offsets_per_trigger: the longest a batch waits",
+    ),
+    OptionSpec::new(
+        "fail_on_data_loss",
+        OptionType::Boolean,
+        Some("true"),
+        "Whether offsets that are gone (aged out by retention, a topic deleted or \
+         recreated, a new partition that does not start at 0) fail the query; false skips \
+         them, counts them (dataLoss in progress) and logs a warning",
+    ),
+    OptionSpec::new(
+        "include_headers",
+        OptionType::Boolean,
+        Some("false"),
+        "Adds the column headers: each record's headers as a JSON array of {\"key\", \
+         \"value\"} (NULL for a record without headers)",
+    ),
+    OptionSpec::new(
+        "isolation_level",
+        OptionType::OneOf(&["read_uncommitted", "read_committed"]),
+        Some("read_uncommitted"),
+        "What is read of transactions: read_uncommitted, every record (Spark's default); \
+         read_committed, only committed ones (what a Tidemark or Flink exactly-once sink \
+         needs its readers to use)",
+    ),
+    OptionSpec::new(
+        "format",
+        OptionType::OneOf(&["json", "csv", "raw"]),
+        None,
+        "With declared columns: how the value is decoded into them (raw: the value as is, \
+         into the one declared TEXT or BYTEA column)",
+    ),
+    OptionSpec::new(
+        "mode",
+        OptionType::OneOf(&["PERMISSIVE", "DROPMALFORMED", "FAILFAST"]),
+        Some("PERMISSIVE"),
+        "json and csv: what to do with a value that does not decode (as for file streams)",
+    ),
+    OptionSpec::new(
+        "delimiter",
+        OptionType::Char,
+        Some(","),
+        "csv: the field delimiter",
+    ),
+    SECURITY_OPTIONS[0],
+    SECURITY_OPTIONS[1],
+    SECURITY_OPTIONS[2],
+    SECURITY_OPTIONS[3],
+    SECURITY_OPTIONS[4],
+    OptionSpec::new(
+        "broker_timeout",
+        OptionType::Duration,
+        Some("5 minutes"),
+        "How long a running query waits for brokers that stopped answering (retrying, \
+         with progress and the log saying so) before it fails",
+    ),
+];
 
 /// The options of a `kafka` stream.
 pub const OPTIONS: OptionTable = OptionTable {
