@@ -1,4 +1,5 @@
-"""Wall time and peak RSS from the output of `/usr/bin/time -v`; shared by the scripts.
+"""Wall time, CPU time and peak RSS from the output of `/usr/bin/time -v`; shared by the
+scripts.
 
     python3 benches/timed.py TIME_TXT      prints "<seconds> <peak RSS in KiB>"
 """
@@ -13,6 +14,14 @@ def wall_and_rss(path):
     secs = sum(float(x) * 60 ** i for i, x in enumerate(reversed(wall.split(":"))))
     rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", t).group(1))
     return secs, rss
+
+
+def cpu_seconds(path):
+    """User plus system CPU seconds of the run whose `time -v` output is in `path`."""
+    t = open(path).read()
+    user = float(re.search(r"User time \(seconds\): ([\d.]+)", t).group(1))
+    system = float(re.search(r"System time \(seconds\): ([\d.]+)", t).group(1))
+    return user + system
 
 
 if __name__ == "__main__":

@@ -276,6 +276,7 @@ impl Engine {
             StreamSource::Delta(d) => {
                 Arc::new(crate::sink::delta::DeltaReadTable::try_new(&d.path).await?)
             }
+            StreamSource::Kafka(k) => Arc::new(crate::source::kafka::KafkaTable::new(k.clone())),
             other => Arc::new(tables::RefusingTable::sink_only(
                 &s.name,
                 other.connector(),

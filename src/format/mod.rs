@@ -5,6 +5,7 @@
 //! A leaf below sources and sinks: the file source reads landing files through
 //! [`FileDecoder`], a file sink writes these formats and its read side decodes them back.
 
+pub mod avro;
 pub mod copy;
 pub mod manifest;
 

@@ -13,7 +13,9 @@
 //! `partition`, `offset`, `timestamp`, `timestamp_type`, and `headers` when asked). With
 //! declared columns, each value is decoded into them (`format = 'json' | 'csv' | 'raw'`)
 //! by the file streams' decoders and malformed-record modes, and the Kafka columns follow
-//! under their names (a declared column of the same name wins).
+//! under their names (a declared column of the same name wins). `format = 'avro'` decodes
+//! with an inline `avro_schema` into the declared columns, or, with none declared, into
+//! the record's fields.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -30,6 +32,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit}
 
 use super::{Arrival, Backlog, BatchStream, MalformedRecord, Offset, ReadLimit, Source};
 use crate::error::{Error, Result};
+use crate::format::avro::{AvroDecoder, Framing};
 use crate::format::{FileDecoder, FileFormat, ParseMode};
 use crate::kafka::{
     Admin, BOOTSTRAP_SERVERS, Connection, Ends, Isolation, OffsetRange, PartitionOffsets,
@@ -37,9 +40,9 @@ use crate::kafka::{
 };
 use crate::sql::options::{OptionSpec, OptionTable, OptionType, Options, parse_duration};
 use crate::sql::parser::ColumnSpec;
-use crate::sql::types::sql_to_arrow;
+use crate::sql::types::{arrow_to_sql, sql_to_arrow};
 
-const STREAM_OPTIONS: [OptionSpec; 21] = [
+const STREAM_OPTIONS: [OptionSpec; 23] = [
     OptionSpec::new(
         "connector",
         OptionType::OneOf(&["kafka"]),
@@ -122,16 +125,33 @@ const STREAM_OPTIONS: [OptionSpec; 21] = [
     ),
     OptionSpec::new(
         "format",
-        OptionType::OneOf(&["json", "csv", "raw"]),
+        OptionType::OneOf(&["json", "csv", "avro", "raw"]),
         None,
-        "With declared columns: how the value is decoded into them (raw: the value as is, \
-         into the one declared TEXT or BYTEA column)",
+        "How the value is decoded into the declared columns (raw: the value as is, into the \
+         one declared TEXT or BYTEA column; avro: with avro_schema, into the declared \
+         columns or, with none declared, into the record's fields)",
+    ),
+    OptionSpec::new(
+        "avro_schema",
+        OptionType::Text,
+        None,
+        "avro: the writer's schema, an Avro record in JSON (as Spark's from_avro takes it); \
+         declared columns take the fields of their names",
+    ),
+    OptionSpec::new(
+        "avro_framing",
+        OptionType::OneOf(&["raw", "confluent"]),
+        Some("raw"),
+        "avro: raw, each value is one bare datum (Avro's binary encoding, Spark's \
+         from_avro); confluent, a zero byte and a 4-byte schema id come first (the id is \
+         not looked up)",
     ),
     OptionSpec::new(
         "mode",
         OptionType::OneOf(&["PERMISSIVE", "DROPMALFORMED", "FAILFAST"]),
         Some("PERMISSIVE"),
-        "json and csv: what to do with a value that does not decode (as for file streams)",
+        "json, csv and avro: what to do with a value that does not decode (as for file \
+         streams)",
     ),
     OptionSpec::new(
         "delimiter",
@@ -196,6 +216,8 @@ pub enum ValueFormat {
     Decoded(FileDecoder),
     /// The value as is into the one declared column (TEXT or BYTEA).
     Raw,
+    /// Avro datums into the declared (or derived) columns.
+    Avro(AvroDecoder),
 }
 
 /// A Kafka stream's configuration, from its options.
@@ -339,8 +361,52 @@ impl KafkaSourceConfig {
                 c.name
             )));
         }
+        let mode = match options.get("mode") {
+            Some(m) => ParseMode::parse(m)?,
+            None => ParseMode::default(),
+        };
+        let is_avro = options
+            .get("format")
+            .is_some_and(|f| f.eq_ignore_ascii_case("avro"));
+        if !is_avro
+            && let Some(o) = ["avro_schema", "avro_framing"]
+                .into_iter()
+                .find(|o| options.get(o).is_some())
+        {
+            return Err(Error::invalid_option(format!(
+                "option \"{o}\" applies only to format 'avro'"
+            )));
+        }
         let value = match (declared.is_empty(), options.get("format")) {
             (true, None) => ValueFormat::Fixed,
+            (_, Some(_)) if is_avro => {
+                let schema = options
+                    .get("avro_schema")
+                    .ok_or_else(|| Error::InvalidOption {
+                        message: "format = 'avro' needs the option \"avro_schema\"".into(),
+                        hint: Some("Give the writer's schema as Avro JSON.".into()),
+                    })?;
+                let framing = Framing::parse(options.get("avro_framing").unwrap_or("raw"))?;
+                let cols: Vec<(String, DataType)> = declared
+                    .iter()
+                    .map(|c| (c.name.clone(), c.data_type.clone()))
+                    .collect();
+                let decoder = AvroDecoder::new(schema, framing, mode, &cols)?;
+                if declared.is_empty() {
+                    declared = decoder
+                        .schema
+                        .fields()
+                        .iter()
+                        .map(|f| ColumnSpec {
+                            name: f.name().clone(),
+                            sql_type: arrow_to_sql(f.data_type()),
+                            data_type: f.data_type().clone(),
+                            not_null: false,
+                        })
+                        .collect();
+                }
+                ValueFormat::Avro(decoder)
+            }
             (true, Some(f)) => {
                 return Err(Error::InvalidOption {
                     message: format!(
@@ -359,7 +425,7 @@ impl KafkaSourceConfig {
                 return Err(Error::InvalidOption {
                     message: "a kafka stream with declared columns needs the option \"format\""
                         .into(),
-                    hint: Some("Add format = 'json', 'csv' or 'raw'.".into()),
+                    hint: Some("Add format = 'json', 'csv', 'avro' or 'raw'.".into()),
                 });
             }
             (false, Some(f)) if f.eq_ignore_ascii_case("raw") => {
@@ -375,10 +441,6 @@ impl KafkaSourceConfig {
             }
             (false, Some(f)) => {
                 let format = FileFormat::parse(f, options)?;
-                let mode = match options.get("mode") {
-                    Some(m) => ParseMode::parse(m)?,
-                    None => ParseMode::default(),
-                };
                 let schema = Arc::new(Schema::new(
                     declared
                         .iter()
@@ -392,11 +454,14 @@ impl KafkaSourceConfig {
                 })
             }
         };
-        if !matches!(value, ValueFormat::Decoded(_))
-            && (options.get("mode").is_some() || options.get("delimiter").is_some())
-        {
+        if matches!(value, ValueFormat::Fixed | ValueFormat::Raw) && options.get("mode").is_some() {
             return Err(Error::invalid_option(
-                "options \"mode\" and \"delimiter\" apply only to format 'json' or 'csv'",
+                "option \"mode\" applies only to format 'json', 'csv' or 'avro'",
+            ));
+        }
+        if !matches!(value, ValueFormat::Decoded(_)) && options.get("delimiter").is_some() {
+            return Err(Error::invalid_option(
+                "option \"delimiter\" applies only to format 'json' or 'csv'",
             ));
         }
         let n_declared = declared.len();
@@ -1124,7 +1189,9 @@ fn to_batch(
             };
             ((0..recs.len()).collect(), vec![col])
         }
-        ValueFormat::Decoded(decoder) => decode_values(decoder, read, malformed)?,
+        ValueFormat::Decoded(_) | ValueFormat::Avro(_) => {
+            decode_values(&config.value, read, malformed)?
+        }
     };
     let n = keep.len();
     let idx = |i: usize| keep[i];
@@ -1183,6 +1250,69 @@ fn to_batch(
     Ok(Some(RecordBatch::try_new(schema, cols)?))
 }
 
+/// A Kafka stream as a table, for a `SELECT` of the stream itself: Spark's batch read of
+/// a topic with its default range, every record from the earliest offsets to the latest
+/// ones as of the scan (whatever the stream's `starting_offsets`, which is where a
+/// streaming query starts). Values decode as the stream decodes them; malformed ones follow
+/// the mode (the side table belongs to sinks). The records read are held in memory.
+#[derive(Debug)]
+pub struct KafkaTable {
+    config: Arc<KafkaSourceConfig>,
+}
+
+impl KafkaTable {
+    pub fn new(config: Arc<KafkaSourceConfig>) -> KafkaTable {
+        KafkaTable { config }
+    }
+
+    fn read_all(config: &KafkaSourceConfig) -> Result<Vec<RecordBatch>> {
+        let admin = Admin::new(&config.conn, config.isolation)?;
+        let snap = snapshot(&admin, &config.subscription)?;
+        let (ranges, _) = offset_ranges(&snap.earliest, &snap.latest, &snap.earliest);
+        let reads =
+            Reader::new(&config.conn, config.isolation)?.read(&ranges, config.include_headers)?;
+        let mut malformed = Vec::new();
+        let mut out = Vec::new();
+        for read in &reads {
+            out.extend(to_batch(config, read, &mut malformed)?);
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl datafusion::datasource::TableProvider for KafkaTable {
+    fn schema(&self) -> SchemaRef {
+        self.config.schema.clone()
+    }
+
+    fn table_type(&self) -> datafusion::datasource::TableType {
+        datafusion::datasource::TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn datafusion::catalog::Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[datafusion::logical_expr::Expr],
+        _limit: Option<usize>,
+    ) -> datafusion::error::Result<Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+        use datafusion::error::DataFusionError;
+        let config = self.config.clone();
+        let batches = tokio::task::spawn_blocking(move || KafkaTable::read_all(&config))
+            .await
+            .map_err(|e| DataFusionError::External(Box::new(e)))?
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        Ok(
+            datafusion::datasource::memory::MemorySourceConfig::try_new_exec(
+                &[batches],
+                self.config.schema.clone(),
+                projection.cloned(),
+            )?,
+        )
+    }
+}
+
 /// Headers as JSON: `[{"key": "k", "value": "v"}]`, a value that is not UTF-8 as
 /// `{"key": "k", "value_base64": "..."}`.
 fn headers_json(h: &[(String, Option<Vec<u8>>)]) -> String {
@@ -1204,32 +1334,31 @@ fn headers_json(h: &[(String, Option<Vec<u8>>)]) -> String {
     .to_string()
 }
 
-/// Decodes one partition's values into the declared columns: the records kept (all but
-/// the malformed ones DROPMALFORMED drops) and their columns. A record without a value (a
-/// tombstone) or with a blank one is a row of NULLs.
+/// Decodes one partition's values (JSON, CSV or Avro) into the declared columns: the
+/// records kept (all but the malformed ones DROPMALFORMED drops) and their columns. A
+/// record without a value (a tombstone) or with an empty one (JSON, CSV: blank) is a row
+/// of NULLs.
 fn decode_values(
-    decoder: &FileDecoder,
+    value: &ValueFormat,
     read: &PartitionRead,
     malformed: &mut Vec<MalformedRecord>,
 ) -> Result<(Vec<usize>, Vec<ArrayRef>)> {
+    let (mode, schema) = match value {
+        ValueFormat::Decoded(d) => (d.mode, d.schema.clone()),
+        ValueFormat::Avro(d) => (d.mode, d.schema.clone()),
+        ValueFormat::Fixed | ValueFormat::Raw => {
+            return Err(Error::Internal("kafka: not a decoded format".into()));
+        }
+    };
     let recs = &read.records;
     let with_value: Vec<usize> = (0..recs.len())
         .filter(|&i| {
-            recs[i]
-                .value
-                .as_ref()
-                .is_some_and(|v| !v.iter().all(u8::is_ascii_whitespace))
+            recs[i].value.as_ref().is_some_and(|v| match value {
+                ValueFormat::Avro(_) => !v.is_empty(),
+                _ => !v.iter().all(u8::is_ascii_whitespace),
+            })
         })
         .collect();
-    let mut text = Vec::new();
-    for &i in &with_value {
-        let v = recs[i].value.as_deref().unwrap_or_default();
-        text.extend(
-            v.iter()
-                .map(|&b| if b == b'\n' || b == b'\r' { b' ' } else { b }),
-        );
-        text.push(b'\n');
-    }
     let place = |line: u64| {
         let offset = (line as usize)
             .checked_sub(1)
@@ -1240,10 +1369,30 @@ fn decode_values(
             None => format!("{}-{}", read.topic, read.partition),
         }
     };
-    let decoded = if with_value.is_empty() {
-        crate::format::FileRead::default()
-    } else {
-        decoder.read_text(&text, &place)?
+    let decoded = match value {
+        _ if with_value.is_empty() => crate::format::FileRead::default(),
+        ValueFormat::Avro(d) => {
+            let values: Vec<&[u8]> = with_value
+                .iter()
+                .map(|&i| recs[i].value.as_deref().unwrap_or_default())
+                .collect();
+            d.decode(&values, &place)?
+        }
+        ValueFormat::Decoded(d) => {
+            let mut text = Vec::new();
+            for &i in &with_value {
+                let v = recs[i].value.as_deref().unwrap_or_default();
+                text.extend(
+                    v.iter()
+                        .map(|&b| if b == b'\n' || b == b'\r' { b' ' } else { b }),
+                );
+                text.push(b'\n');
+            }
+            d.read_text(&text, &place)?
+        }
+        ValueFormat::Fixed | ValueFormat::Raw => {
+            return Err(Error::Internal("kafka: not a decoded format".into()));
+        }
     };
     let rejected: std::collections::BTreeSet<usize> = decoded
         .rejected
@@ -1263,12 +1412,12 @@ fn decode_values(
             },
         });
     }
-    let dropped = decoder.mode == ParseMode::DropMalformed;
+    let dropped = mode == ParseMode::DropMalformed;
     // The decoded rows, in order: one per value (PERMISSIVE), or one per good value.
     let rows = if decoded.batches.is_empty() {
-        RecordBatch::new_empty(decoder.schema.clone())
+        RecordBatch::new_empty(schema.clone())
     } else {
-        concat_batches(&decoder.schema, &decoded.batches)?
+        concat_batches(&schema, &decoded.batches)?
     };
     let mut keep = Vec::with_capacity(recs.len());
     let mut take_idx: Vec<Option<u32>> = Vec::with_capacity(recs.len());
@@ -1453,6 +1602,32 @@ mod tests {
         assert_eq!(cfg.declared, 0);
         let (cols2, _) = KafkaSourceConfig::declare(cols.clone(), &fixed).unwrap();
         assert_eq!(cols2.len(), 7);
+        // Avro without declared columns: the record's fields, the same after a reload.
+        let avro = opts(&[
+            ("connector", "kafka"),
+            ("bootstrap_servers", "b"),
+            ("topic", "t"),
+            ("format", "avro"),
+            (
+                "avro_schema",
+                r#"{"type": "record", "name": "r", "fields": [{"name": "n", "type": "long"},
+                    {"name": "at", "type": {"type": "long", "logicalType": "timestamp-micros"}}]}"#,
+            ),
+        ]);
+        let (cols, cfg) = KafkaSourceConfig::declare(vec![], &avro).unwrap();
+        let typed: Vec<(&str, &str)> = cols
+            .iter()
+            .take(3)
+            .map(|c| (c.name.as_str(), c.sql_type.as_str()))
+            .collect();
+        assert_eq!(
+            typed,
+            [("n", "bigint"), ("at", "timestamptz"), ("key", "BYTEA")]
+        );
+        assert_eq!(cfg.declared, 2);
+        let (cols2, cfg2) = KafkaSourceConfig::declare(cols.clone(), &avro).unwrap();
+        assert_eq!(cols2.len(), cols.len());
+        assert_eq!(cfg2.declared, 2);
     }
 
     #[test]
@@ -1499,10 +1674,12 @@ mod tests {
 
     #[test]
     fn values_decode_into_columns_with_malformed_ones_as_the_mode_says() {
-        let decoder = |mode| FileDecoder {
-            format: FileFormat::Json,
-            mode,
-            schema: Arc::new(Schema::new(vec![Field::new("a", DataType::Int32, true)])),
+        let decoder = |mode| {
+            ValueFormat::Decoded(FileDecoder {
+                format: FileFormat::Json,
+                mode,
+                schema: Arc::new(Schema::new(vec![Field::new("a", DataType::Int32, true)])),
+            })
         };
         let rec = |offset, v: Option<&str>| crate::kafka::Record {
             key: None,

@@ -11,6 +11,10 @@ would.
   kafka_client.py produce_text BOOTSTRAP TOPIC PARTITION TEXT...
   kafka_client.py produce_file BOOTSTRAP TOPIC FILE
       each line of FILE a record of a 1-partition topic, in order
+  kafka_client.py produce_avro BOOTSTRAP TOPIC SCHEMA_JSON FRAMING VALUE_JSON...
+      each VALUE_JSON encoded by fastavro as one bare datum of SCHEMA_JSON (FRAMING raw) or
+      behind Confluent's header with schema id 7 (FRAMING confluent), to partition 0 of a
+      1-partition topic; a VALUE_JSON {"hex": "..."} is sent as those bytes instead
   kafka_client.py consume BOOTSTRAP TOPIC
       every record of every partition, read_committed, one JSON line each
   kafka_client.py delete BOOTSTRAP TOPIC
@@ -77,6 +81,31 @@ def produce_text(bs, topic, partition, texts):
     assert p.flush(30) == 0
 
 
+def produce_avro(bs, topic, schema, framing, values):
+    import io
+
+    import fastavro
+
+    parsed = fastavro.parse_schema(json.loads(schema))
+    create(bs, topic, 1)
+    encoded = []
+    for v in values:
+        v = json.loads(v)
+        if "hex" in v:
+            encoded.append(bytes.fromhex(v["hex"]))
+            continue
+        buf = io.BytesIO()
+        if framing == "confluent":
+            buf.write(b"\x00" + (7).to_bytes(4, "big"))
+        fastavro.schemaless_writer(buf, parsed, v)
+        encoded.append(buf.getvalue())
+    p = producer(bs)
+    for e in encoded:
+        p.produce(topic, value=e, partition=0)
+        p.flush(30)
+    assert p.flush(30) == 0
+
+
 def consume(bs, topic):
     c = Consumer(
         {
@@ -135,6 +164,8 @@ if __name__ == "__main__":
         create(bs, rest[0], 1)
         with open(rest[1]) as f:
             produce_text(bs, rest[0], 0, [l.rstrip("\n") for l in f if l.strip()])
+    elif cmd == "produce_avro":
+        produce_avro(bs, rest[0], rest[1], rest[2], rest[3:])
     elif cmd == "consume":
         consume(bs, rest[0])
     elif cmd == "delete":
