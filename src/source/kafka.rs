@@ -34,6 +34,7 @@ use super::{Arrival, Backlog, BatchStream, MalformedRecord, Offset, ReadLimit, S
 use crate::error::{Error, Result};
 use crate::format::avro::{AvroDecoder, Framing};
 use crate::format::{FileDecoder, FileFormat, ParseMode};
+use crate::kafka::watch::Watcher;
 use crate::kafka::{
     Admin, BOOTSTRAP_SERVERS, Connection, Ends, Isolation, OffsetRange, PartitionOffsets,
     PartitionRead, Reader, SECURITY_OPTIONS,
@@ -781,6 +782,11 @@ pub struct KafkaSource {
     seen: Mutex<Seen>,
     /// The consumer batches read with, made at the first read and again after a failed one.
     reader: Arc<Mutex<Option<Reader>>>,
+    /// Bumped when records arrive ([`Source::arrivals`]), by `watcher`.
+    arrived: tokio::sync::watch::Sender<u64>,
+    /// Long-polls the partitions in `watched` (not under available_now, which stops).
+    watcher: Option<Watcher>,
+    watched: Vec<(String, i32)>,
 }
 
 impl KafkaSource {
@@ -797,7 +803,40 @@ impl KafkaSource {
             down_since: None,
             seen: Mutex::new(Seen::default()),
             reader: Arc::new(Mutex::new(None)),
+            arrived: tokio::sync::watch::channel(0).0,
+            watcher: None,
+            watched: Vec::new(),
         })
+    }
+
+    /// Has the watcher (started at the first call) long-poll the partitions of `latest`.
+    fn watch(&mut self, latest: &PartitionOffsets) {
+        if self.available_now.is_some() || self.arrived.receiver_count() == 0 {
+            return;
+        }
+        let parts: Vec<(String, i32)> =
+            flat(latest).map(|((t, p), _)| (t.to_string(), p)).collect();
+        if parts == self.watched && self.watcher.is_some() {
+            return;
+        }
+        if self.watcher.is_none() {
+            match Watcher::start(
+                &self.config.conn,
+                self.config.isolation,
+                self.arrived.clone(),
+            ) {
+                Ok(w) => self.watcher = Some(w),
+                Err(e) => {
+                    // The trigger loop's polling still finds new records.
+                    tracing::warn!(source = %self.config.describe(), error = %e, "no kafka watcher");
+                    return;
+                }
+            }
+        }
+        if let Some(w) = &self.watcher {
+            w.watch(parts.clone());
+        }
+        self.watched = parts;
     }
 
     fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
@@ -954,6 +993,7 @@ impl Source for KafkaSource {
             Some(s) => from_offset(s)?,
             None => self.initial(&snap).await?,
         };
+        self.watch(&snap.latest);
         let mut latest = snap.latest.clone();
         if let Some(cap) = &self.available_now {
             // available_now: never past what was there when the run started; partitions
@@ -1149,6 +1189,10 @@ impl Source for KafkaSource {
 
     fn held_back(&self) -> bool {
         self.seen().held_back
+    }
+
+    fn arrivals(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.arrived.subscribe())
     }
 
     fn reported_latest(&self) -> Option<Offset> {
