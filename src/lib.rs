@@ -37,6 +37,7 @@ pub mod kafka;
 pub mod server;
 pub mod sink;
 pub mod source;
+pub mod spark;
 pub mod sql;
 pub mod state;
 pub mod testing;

@@ -64,6 +64,17 @@ enum Command {
         /// The script.
         file: PathBuf,
     },
+    /// Print sink NAME as a PySpark program (Spark Structured Streaming) for spark-submit.
+    ExportSpark {
+        /// The sink.
+        name: String,
+        /// Where the Spark query writes instead of the sink's own path.
+        #[arg(long)]
+        path: Option<PathBuf>,
+        /// Spark's checkpoint [default: the sink's checkpoint directory with `-spark` added].
+        #[arg(long)]
+        checkpoint_location: Option<PathBuf>,
+    },
 }
 
 /// Tidemark at INFO; the libraries under it only when something is wrong.
@@ -108,6 +119,17 @@ fn main() -> ExitCode {
                 Err(e) => Err(e),
             },
             Some(Command::Run { file }) => run_script(&cli.data_dir, &file).await,
+            Some(Command::ExportSpark {
+                name,
+                path,
+                checkpoint_location,
+            }) => tidemark::spark::export(
+                &cli.data_dir,
+                &name,
+                path.as_deref(),
+                checkpoint_location.as_deref(),
+            )
+            .map(|program| print!("{program}")),
         }
     });
     match result {

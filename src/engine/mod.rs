@@ -366,6 +366,7 @@ impl Engine {
             TidemarkStatement::CreateStream(cs) => self.create_stream(cs).await,
             TidemarkStatement::CreateSink(cs) => self.create_sink(cs).await,
             TidemarkStatement::ExplainCreateSink(cs) => self.explain_sink(cs).await,
+            TidemarkStatement::ExplainSparkCreateSink(cs) => self.explain_spark(cs).await,
             TidemarkStatement::DropStream { name, if_exists } => {
                 self.drop_stream(&name, if_exists).await
             }
@@ -797,6 +798,20 @@ impl Engine {
         let lines = query::explain(&def, &streams, &shape)?;
         let schema = explain_schema();
         let col: ArrayRef = Arc::new(StringArray::from(lines));
+        Ok(Output::Rows(
+            schema.clone(),
+            vec![RecordBatch::try_new(schema, vec![col])?],
+        ))
+    }
+
+    /// `EXPLAIN SPARK CREATE SINK`: the PySpark program of the sink, a line a row.
+    async fn explain_spark(&self, cs: CreateSink) -> Result<Output> {
+        let cat = self.catalog.lock().await;
+        let (def, _) = self.sink_def(&cat, &cs).await?;
+        let streams = sink_streams_of(&def, &cat)?;
+        let program = crate::spark::translate(&def, &streams)?.pyspark();
+        let schema = explain_schema();
+        let col: ArrayRef = Arc::new(StringArray::from(program.lines().collect::<Vec<_>>()));
         Ok(Output::Rows(
             schema.clone(),
             vec![RecordBatch::try_new(schema, vec![col])?],
@@ -1510,7 +1525,9 @@ pub fn result_schema(stmt: &TidemarkStatement) -> Option<SchemaRef> {
         TidemarkStatement::ShowQueries => Some(queries_schema()),
         TidemarkStatement::ShowProgress(_) => last_progress_batch(None).ok().map(|b| b.schema()),
         TidemarkStatement::ShowOptions => Some(options_schema()),
-        TidemarkStatement::ExplainCreateSink(_) => Some(explain_schema()),
+        TidemarkStatement::ExplainCreateSink(_) | TidemarkStatement::ExplainSparkCreateSink(_) => {
+            Some(explain_schema())
+        }
         TidemarkStatement::Optimize { .. } => Some(optimize_schema()),
         TidemarkStatement::ShowSetting(name) => settings::schema(name).ok(),
         _ => None,

@@ -92,9 +92,9 @@ pub fn split(sql: &str) -> Vec<Piece> {
                     words.push("STDIN".into());
                 }
             }
-            Token::Word(w) if words.len() < 3 => words.push(w.value.to_ascii_uppercase()),
-            Token::Period if words.len() < 3 => words.push(".".into()),
-            _ if words.len() < 3 => words.push(String::new()),
+            Token::Word(w) if words.len() < 4 => words.push(w.value.to_ascii_uppercase()),
+            Token::Period if words.len() < 4 => words.push(".".into()),
+            _ if words.len() < 4 => words.push(String::new()),
             _ => {}
         }
     }
@@ -126,7 +126,10 @@ fn is_tidemark(words: &[String]) -> bool {
         "STOP" | "START" | "ALTER" => matches!(w(1), "SINK" | "MATERIALIZED"),
         "FLUSH" | "OPTIMIZE" | "SAVEPOINT" | "RELEASE" => true,
         "ROLLBACK" => w(1) == "TO",
-        "EXPLAIN" => w(1) == "CREATE" && matches!(w(2), "SINK" | "MATERIALIZED"),
+        "EXPLAIN" => {
+            (w(1) == "CREATE" && matches!(w(2), "SINK" | "MATERIALIZED"))
+                || (w(1) == "SPARK" && w(2) == "CREATE" && matches!(w(3), "SINK" | "MATERIALIZED"))
+        }
         _ => false,
     }
 }

@@ -4,7 +4,7 @@
 //! CREATE STREAM [IF NOT EXISTS] name [( col type, ... [, WATERMARK FOR col AS col - INTERVAL '...'] )]
 //!     WITH (key = value, ...)
 //! CREATE SINK|MATERIALIZED VIEW [IF NOT EXISTS] name [WITH (key = value, ...)] AS query
-//! EXPLAIN CREATE SINK|MATERIALIZED VIEW ...
+//! EXPLAIN [SPARK] CREATE SINK|MATERIALIZED VIEW ...
 //! DROP STREAM|SINK|MATERIALIZED VIEW [IF EXISTS] name
 //! SHOW STREAMS | SHOW SINKS | SHOW MATERIALIZED VIEWS | SHOW QUERIES | SHOW OPTIONS
 //! STOP|START SINK|MATERIALIZED VIEW name
@@ -39,6 +39,8 @@ pub enum TidemarkStatement {
     CreateStream(CreateStream),
     CreateSink(CreateSink),
     ExplainCreateSink(CreateSink),
+    /// `EXPLAIN SPARK CREATE SINK ...`: the sink as Spark would run it (a PySpark program).
+    ExplainSparkCreateSink(CreateSink),
     DropStream {
         name: String,
         if_exists: bool,
@@ -397,11 +399,15 @@ fn parse_statement(p: &mut Parser) -> Result<TidemarkStatement> {
         return Ok(TidemarkStatement::CreateSink(parse_create_sink(p, kind)?));
     }
     if parse_word(p, "EXPLAIN") {
+        let spark = parse_word(p, "SPARK");
         expect_word(p, "CREATE")?;
         let kind = parse_query_kind(p)?;
-        return Ok(TidemarkStatement::ExplainCreateSink(parse_create_sink(
-            p, kind,
-        )?));
+        let sink = parse_create_sink(p, kind)?;
+        return Ok(if spark {
+            TidemarkStatement::ExplainSparkCreateSink(sink)
+        } else {
+            TidemarkStatement::ExplainCreateSink(sink)
+        });
     }
     if parse_word(p, "DROP") {
         if parse_word(p, "TABLE") {

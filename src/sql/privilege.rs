@@ -80,6 +80,7 @@ pub fn of_tidemark(stmt: &TidemarkStatement) -> Vec<Need> {
     let write = |table: &str| vec![Need::new(Privilege::Write, Some(table.to_string()))];
     match stmt {
         S::ExplainCreateSink(_)
+        | S::ExplainSparkCreateSink(_)
         | S::ShowStreams
         | S::ShowSinks
         | S::ShowViews

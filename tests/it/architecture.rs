@@ -10,6 +10,7 @@ const LAYERS: &[&[&str]] = &[
     &["main"],
     &["http", "server"],
     &["engine"],
+    &["spark"],
     &["catalog"],
     &["checkpoint", "sink", "source", "state"],
     &["format", "kafka"],

@@ -20,4 +20,5 @@ mod run;
 mod security;
 mod slt;
 mod soak;
+mod spark;
 mod wire;
