@@ -748,6 +748,13 @@ impl SinkDef {
         }
     }
 
+    /// Whether the query runs on Spark (`engine = 'spark'`) rather than in this process.
+    pub fn runs_on_spark(&self) -> bool {
+        self.options
+            .get("engine")
+            .is_some_and(|e| e.eq_ignore_ascii_case("spark"))
+    }
+
     /// The options this kind of query takes.
     pub fn option_table(&self) -> &'static crate::sql::options::OptionTable {
         option_table(self.kind)

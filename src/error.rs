@@ -45,6 +45,9 @@ pub enum SqlState {
     InvalidPassword,
     IoError,
     ConnectionFailure,
+    /// A remote engine (Spark) refused or failed what it was asked: Postgres's `fdw_error`,
+    /// the class postgres_fdw and other foreign data wrappers report a remote failure with.
+    FdwError,
     InternalError,
 }
 
@@ -85,6 +88,7 @@ impl SqlState {
             SqlState::InvalidPassword => "28P01",
             SqlState::IoError => "58030",
             SqlState::ConnectionFailure => "08006",
+            SqlState::FdwError => "HV000",
             SqlState::InternalError => "XX000",
         }
     }
@@ -200,6 +204,11 @@ pub enum Error {
     /// `connection_failure`, as postgres_fdw reports a remote server it cannot reach.
     #[error("{message}")]
     Broker { message: String },
+    /// Spark Connect: the server could not be reached or the session is gone (`lost`,
+    /// 08006, and a running query reconnects), or Spark refused or failed the request
+    /// (HV000, Spark's message with its error class).
+    #[error("{message}")]
+    Spark { lost: bool, message: String },
     /// A bug: an invariant did not hold.
     #[error("internal error: {0}")]
     Internal(String),
@@ -240,6 +249,8 @@ impl Error {
             Error::DataFusion(e) => classify_datafusion(e),
             Error::Broken { state, .. } | Error::DataException { state, .. } => *state,
             Error::Broker { .. } => SqlState::ConnectionFailure,
+            Error::Spark { lost: true, .. } => SqlState::ConnectionFailure,
+            Error::Spark { lost: false, .. } => SqlState::FdwError,
             Error::Internal(_) => SqlState::InternalError,
         }
     }

@@ -51,6 +51,10 @@ struct Cli {
     /// shippers.
     #[arg(long, global = true, default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
+    /// The Spark Connect endpoint (`sc://host:port`) of sinks created with
+    /// `engine = 'spark'` and no `spark_remote` of their own (docs/scale-out.md).
+    #[arg(long, global = true)]
+    spark_remote: Option<String>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -113,6 +117,7 @@ fn main() -> ExitCode {
                         cli.http.as_deref(),
                         options,
                         cli.insecure,
+                        cli.spark_remote.as_deref(),
                     )
                     .await
                 }
@@ -169,11 +174,15 @@ async fn serve(
     http: Option<&str>,
     options: ServerOptions,
     insecure: bool,
+    spark_remote: Option<&str>,
 ) -> Result<(), Error> {
     // The recorder first, so that every metric from the start is kept.
     tidemark::http::recorder();
     tidemark::server::describe_metrics();
     let engine = Engine::open(data_dir).await?;
+    if let Some(remote) = spark_remote {
+        engine.set_spark_remote(remote)?;
+    }
     tidemark::server::prepare_session(&engine)?;
     let http = match http {
         Some("off") => None,

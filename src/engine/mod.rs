@@ -17,6 +17,7 @@ pub mod query;
 mod roles;
 pub mod settings;
 pub mod side_tables;
+mod spark_query;
 pub mod tables;
 pub mod window;
 
@@ -87,6 +88,9 @@ pub struct Engine {
     /// Objects that could not be loaded at startup, by name (beyond the streams the
     /// catalog itself marks broken): shown by `tidemark.relations`, forgotten on `DROP`.
     problems: Mutex<HashMap<String, crate::catalog::Broken>>,
+    /// `--spark-remote`: the Spark Connect endpoint of a sink with `engine = 'spark'` and
+    /// no `spark_remote` of its own (written into the sink's options at `CREATE`).
+    spark_remote: std::sync::OnceLock<String>,
     me: Weak<Engine>,
 }
 
@@ -117,6 +121,7 @@ impl Engine {
             shutting_down: Default::default(),
             roles: Default::default(),
             problems: Default::default(),
+            spark_remote: std::sync::OnceLock::new(),
             me: me.clone(),
         });
         window::register_udfs(&engine.ctx);
@@ -228,6 +233,13 @@ impl Engine {
 
     pub fn registry(&self) -> &Arc<Registry> {
         &self.registry
+    }
+
+    /// Sets the server's default Spark Connect endpoint (`--spark-remote`), once.
+    pub fn set_spark_remote(&self, remote: &str) -> Result<()> {
+        crate::spark::connect::Remote::parse(remote)?;
+        let _ = self.spark_remote.set(remote.to_string());
+        Ok(())
     }
 
     /// Starts every sink whose last requested state is `running` (server start).
@@ -733,8 +745,11 @@ impl Engine {
                 name: cs.name,
             });
         }
-        let (def, shape) = self.sink_def(&cat, &cs).await?;
+        let (mut def, shape) = self.sink_def(&cat, &cs).await?;
         let schema = shape.schema.clone();
+        if def.runs_on_spark() {
+            self.check_spark_sink(&cat, &mut def).await?;
+        }
         if cat.sinks.iter().any(|s| s.checkpoint == def.checkpoint) {
             return Err(Error::invalid_option(format!(
                 "checkpoint location \"{}\" is used by another sink or view",
@@ -789,6 +804,33 @@ impl Engine {
             .set(QueryStatus::new(&def.name, Status::Stopped));
         self.spawn(&cat, &def)?;
         Ok(Output::Command(tag))
+    }
+
+    /// `CREATE SINK ... WITH (engine = 'spark')`: the endpoint (the sink's, else the
+    /// server's, written into the sink's options), what Spark cannot run refused, and the
+    /// endpoint reached within `spark_query::CALL_TIMEOUT`.
+    async fn check_spark_sink(&self, cat: &Catalog, def: &mut SinkDef) -> Result<()> {
+        let remote = match def.options.get("spark_remote") {
+            Some(r) => r.to_string(),
+            None => self.spark_remote.get().cloned().ok_or_else(|| {
+                Error::invalid_option(
+                    "engine = 'spark' needs spark_remote = 'sc://host:port', or the server's \
+                     --spark-remote",
+                )
+            })?,
+        };
+        let parsed = crate::spark::connect::Remote::parse(&remote)?;
+        def.options.0.insert("spark_remote".into(), remote);
+        let streams = sink_streams_of(def, cat)?;
+        crate::spark::translate(def, &streams)?;
+        crate::spark::connect::Session::connect(
+            &parsed,
+            &uuid::Uuid::new_v4().to_string(),
+            spark_query::CALL_TIMEOUT,
+        )
+        .await?
+        .probe()
+        .await
     }
 
     async fn explain_sink(&self, cs: CreateSink) -> Result<Output> {
@@ -1055,9 +1097,25 @@ impl Engine {
         };
         let engine = self.me.clone();
         let name = def.name.clone();
+        let run: futures::future::BoxFuture<'static, Outcome> = if def.runs_on_spark() {
+            let streams: Vec<&StreamDef> = task.streams.iter().collect();
+            let plan = crate::spark::translate(def, &streams)?;
+            let remote = crate::spark::connect::Remote::parse(
+                def.options.get("spark_remote").unwrap_or(""),
+            )?;
+            Box::pin(spark_query::run(spark_query::SparkTask {
+                def: task.def,
+                plan,
+                remote,
+                registry: task.registry,
+                stop: task.stop,
+            }))
+        } else {
+            Box::pin(query::run(task))
+        };
         let done = tokio::spawn(async move {
             // A panic is a bug; it fails this query, not the server.
-            let outcome = match AssertUnwindSafe(query::run(task)).catch_unwind().await {
+            let outcome = match AssertUnwindSafe(run).catch_unwind().await {
                 Ok(o) => o,
                 Err(panic) => {
                     let msg = panic

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch};
 use uuid::Uuid;
 
@@ -72,6 +72,9 @@ pub struct QueryStatus {
     pub checkpoint: Option<String>,
     /// When this run started.
     pub started_at: Option<DateTime<Utc>>,
+    /// Where the query runs: `tidemark` (this process) or `spark` (a Spark Connect
+    /// server; `id` and `run_id` are then Spark's).
+    pub engine: &'static str,
 }
 
 impl QueryStatus {
@@ -89,12 +92,13 @@ impl QueryStatus {
             plan: Vec::new(),
             checkpoint: None,
             started_at: None,
+            engine: "tidemark",
         }
     }
 }
 
 /// One source's part of a progress report.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SourceProgress {
     pub description: String,
@@ -102,12 +106,15 @@ pub struct SourceProgress {
     pub end_offset: Option<serde_json::Value>,
     pub latest_offset: Option<serde_json::Value>,
     pub num_input_rows: u64,
+    #[serde(default)]
     pub input_rows_per_second: f64,
+    #[serde(default)]
     pub processed_rows_per_second: f64,
     /// Spark's custom source metrics (strings): here `numMalformedRows` (records that did
     /// not parse: kept as NULL rows in PERMISSIVE mode, dropped in DROPMALFORMED) and
     /// `numMissingFiles` (files gone before they were read); the file source also reports
     /// `numFilesReadAhead` (files decoded while the previous batch ran).
+    #[serde(default)]
     pub metrics: BTreeMap<String, String>,
 }
 
@@ -129,7 +136,7 @@ impl SourceProgress {
 }
 
 /// The sink's part of a progress report.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SinkProgress {
     pub description: String,
@@ -139,7 +146,7 @@ pub struct SinkProgress {
 
 /// `eventTime` of a progress report: the batch's event-time statistics (data batches only)
 /// and the watermark in force during the batch, `WM(N)`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EventTimeProgress {
     #[serde(
         skip_serializing_if = "Option::is_none",
@@ -161,7 +168,7 @@ pub struct EventTimeProgress {
 }
 
 /// One entry of `stateOperators`, in Spark's key order.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StateOperatorProgress {
     pub operator_name: String,
@@ -176,15 +183,16 @@ pub struct StateOperatorProgress {
     pub num_rows_dropped_by_watermark: u64,
     pub num_shuffle_partitions: usize,
     pub num_state_store_instances: usize,
-    /// The operator's own counters (`numDroppedDuplicateRows`, ...), by name.
-    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub custom_metrics: std::collections::BTreeMap<String, u64>,
+    /// The operator's own counters (`numDroppedDuplicateRows`, ...), by name. Signed: Spark
+    /// reports -1 for some it does not know yet (`SnapshotLastUploaded.*`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub custom_metrics: std::collections::BTreeMap<String, i64>,
 }
 
 /// End-to-end latency of a batch's rows, ms: from each row's arrival in its source (its
 /// file's modification time; its `INSERT` or `COPY` acknowledged) to the sink's commit.
 /// Nearest-rank percentiles over rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LatencyMs {
     pub p50: i64,
     pub p95: i64,
@@ -229,7 +237,7 @@ pub fn latency_percentiles(
 }
 
 /// A progress report, serialized in Spark's `StreamingQueryProgress` key order.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Progress {
     pub id: Uuid,
@@ -240,8 +248,13 @@ pub struct Progress {
     pub timestamp: DateTime<Utc>,
     pub batch_id: BatchId,
     pub batch_duration: u64,
+    /// Spark Connect's reports leave the totals out: they are the sources' sums.
+    #[serde(default)]
     pub num_input_rows: u64,
+    /// Spark leaves a rate that is not a number (no time elapsed) out of its JSON.
+    #[serde(default)]
     pub input_rows_per_second: f64,
+    #[serde(default)]
     pub processed_rows_per_second: f64,
     /// Phase durations, ms; keys sorted.
     pub duration_ms: BTreeMap<String, u64>,
@@ -262,6 +275,51 @@ pub struct Progress {
     /// The report of an idle trigger (spec §12.6), not of a batch.
     #[serde(skip)]
     pub idle: bool,
+}
+
+impl Progress {
+    /// A report of a query that runs on Spark, from Spark's own JSON (the same keys:
+    /// Tidemark's reports are Spark's). An idle trigger's report is the one without an
+    /// `addBatch` phase (a no-data batch has one). The watermark lag is measured here, at
+    /// `now`.
+    pub fn from_spark_json(json: &str, now: DateTime<Utc>) -> serde_json::Result<Progress> {
+        let mut v: serde_json::Value = serde_json::from_str(json)?;
+        // A query without a watermark: Spark sends `"eventTime": {}`, Tidemark has none.
+        if v["eventTime"].get("watermark").is_none()
+            && let Some(o) = v.as_object_mut()
+        {
+            o.remove("eventTime");
+        }
+        let mut p: Progress = serde_json::from_value(v)?;
+        // Spark Connect sends each source's offsets as JSON text; local reports hold the
+        // JSON itself.
+        for s in &mut p.sources {
+            for o in [&mut s.start_offset, &mut s.end_offset, &mut s.latest_offset] {
+                if let Some(serde_json::Value::String(text)) = o
+                    && let Ok(v) = serde_json::from_str::<serde_json::Value>(text)
+                {
+                    *o = Some(v);
+                }
+            }
+        }
+        if p.num_input_rows == 0 {
+            p.num_input_rows = p.sources.iter().map(|s| s.num_input_rows).sum();
+        }
+        if p.input_rows_per_second == 0.0 {
+            p.input_rows_per_second = p.sources.iter().map(|s| s.input_rows_per_second).sum();
+        }
+        if p.processed_rows_per_second == 0.0 {
+            p.processed_rows_per_second =
+                p.sources.iter().map(|s| s.processed_rows_per_second).sum();
+        }
+        p.idle = !p.duration_ms.contains_key("addBatch");
+        p.watermark_lag_ms = p
+            .event_time
+            .as_ref()
+            .filter(|e| e.watermark.timestamp_millis() > 0)
+            .map(|e| (now - e.watermark).num_milliseconds());
+        Ok(p)
+    }
 }
 
 impl Progress {
@@ -642,5 +700,80 @@ mod tests {
         assert_eq!(round_rate(0.05), 0.1);
         assert_eq!(round_rate(69230769.24), 69230769.2);
         assert_eq!(round_rate(f64::INFINITY), 0.0);
+    }
+
+    /// Spark 4.3.0's own reports of the seed pipeline run through Spark Connect (captured
+    /// from the Connect server by `tidemark::engine::spark_query`'s trace log).
+    #[test]
+    fn spark_connect_reports_become_tidemark_reports() {
+        let text = include_str!("../../sql/data/spark/progress-seed.jsonl");
+        let now = DateTime::parse_from_rfc3339("2026-12-04T15:30:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let reports: Vec<Progress> = text
+            .lines()
+            .map(|l| Progress::from_spark_json(l, now).unwrap())
+            .collect();
+        let raw: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(reports.len(), 3);
+        for (p, r) in reports.iter().zip(&raw) {
+            assert_eq!(p.batch_id.get(), r["batchId"].as_u64().unwrap());
+            assert_eq!(p.id.to_string(), r["id"].as_str().unwrap());
+            // The totals Spark Connect leaves out are the sources' sums.
+            let source_rows: u64 = r["sources"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["numInputRows"].as_u64().unwrap())
+                .sum();
+            assert_eq!(p.num_input_rows, source_rows);
+            assert!(!p.idle, "every one ran addBatch");
+            // Offsets arrive as JSON text and are kept as JSON.
+            let end = r["sources"][0]["endOffset"].as_str().unwrap();
+            assert_eq!(
+                p.sources[0].end_offset,
+                Some(serde_json::from_str::<serde_json::Value>(end).unwrap())
+            );
+            assert_eq!(
+                format_ts(p.event_time.as_ref().unwrap().watermark),
+                r["eventTime"]["watermark"].as_str().unwrap()
+            );
+            // Spark's -1 for a snapshot not uploaded yet survives.
+            let op = &r["stateOperators"][0]["customMetrics"];
+            for (k, v) in op.as_object().unwrap() {
+                assert_eq!(
+                    p.state_operators[0].custom_metrics.get(k).copied(),
+                    v.as_i64()
+                );
+            }
+        }
+        // Before the first watermark there is no lag; after it, now less the watermark.
+        assert_eq!(reports[0].watermark_lag_ms, None);
+        let wm = reports[1].event_time.as_ref().unwrap().watermark;
+        assert_eq!(
+            reports[1].watermark_lag_ms,
+            Some((now - wm).num_milliseconds())
+        );
+        // And they serialize back with Spark's keys.
+        let back: serde_json::Value = serde_json::from_str(&reports[1].to_json()).unwrap();
+        assert_eq!(back["batchId"], raw[1]["batchId"]);
+        assert_eq!(
+            back["stateOperators"][0]["numRowsTotal"],
+            raw[1]["stateOperators"][0]["numRowsTotal"]
+        );
+
+        // A query without a watermark: Spark's `"eventTime": {}` is no event time.
+        let text = include_str!("../../sql/data/spark/progress-no-watermark.json");
+        let raw: serde_json::Value = serde_json::from_str(text).unwrap();
+        assert_eq!(raw["eventTime"], serde_json::json!({}));
+        let p = Progress::from_spark_json(text, now).unwrap();
+        assert!(p.event_time.is_none() && p.watermark_lag_ms.is_none());
+        assert_eq!(
+            p.num_input_rows,
+            raw["sources"][0]["numInputRows"].as_u64().unwrap()
+        );
     }
 }

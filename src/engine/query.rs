@@ -1435,7 +1435,7 @@ impl Runner {
                 custom_metrics: agg
                     .custom_metrics
                     .iter()
-                    .map(|(k, v)| (k.to_string(), *v))
+                    .map(|(k, v)| (k.to_string(), i64::try_from(*v).unwrap_or(i64::MAX)))
                     .collect(),
             })
             .collect();

@@ -403,6 +403,7 @@ pub fn queries_schema() -> SchemaRef {
         Field::new("last_batch_id", DataType::Int64, true),
         Field::new("last_progress_at", ts_type(), true),
         Field::new("error", DataType::Utf8, true),
+        Field::new("engine", DataType::Utf8, false),
     ]))
 }
 
@@ -433,6 +434,7 @@ pub fn queries_batch(
             .with_timezone("UTC"),
         ),
         text(&|s| s.error.clone()),
+        text(&|s| Some(s.engine.to_string())),
     ];
     Ok(RecordBatch::try_new(schema.clone(), cols)?)
 }

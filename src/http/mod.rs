@@ -186,6 +186,7 @@ fn query_json(s: &QueryStatus, reports: &[Progress], last: Option<Progress>) -> 
         "id": s.id,
         "runId": s.run_id,
         "status": s.status.as_str(),
+        "engine": s.engine,
         "error": s.error,
         "startedAt": s.started_at.map(format_ts),
         "lastBatchId": s.last_batch_id.map(|b| b.get()),

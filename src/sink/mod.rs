@@ -159,6 +159,20 @@ pub const SINK_OPTIONS: OptionTable = OptionTable {
         MAX_ROWS_PER_TRIGGER,
         MAX_OFFSETS_PER_TRIGGER,
         OptionSpec::new(
+            "engine",
+            OptionType::OneOf(&["tidemark", "spark"]),
+            Some("tidemark"),
+            "Where the query runs: in this process, or on a Spark cluster through Spark \
+             Connect (docs/scale-out.md)",
+        ),
+        OptionSpec::new(
+            "spark_remote",
+            OptionType::Text,
+            Some("the server's --spark-remote"),
+            "engine = 'spark': the Spark Connect endpoint, sc://host:port",
+        )
+        .alterable(),
+        OptionSpec::new(
             "auto_compact",
             OptionType::NonNegativeInt,
             Some("50"),

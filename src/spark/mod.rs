@@ -7,6 +7,7 @@
 //! lines and as a PySpark program (`tidemark export-spark`) for `spark-submit`. The Spark
 //! Connect client that starts and watches it from here is not built yet.
 
+pub mod connect;
 pub mod translate;
 
 pub use translate::{SparkPlan, translate};

@@ -34,6 +34,8 @@ const TRANSLATED_OPTIONS: &[&str] = &[
     "state_store",
     "multiple_watermark_policy",
     "max_files_per_trigger",
+    "engine",
+    "spark_remote",
 ];
 
 /// One stream as Spark reads it.

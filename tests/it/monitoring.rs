@@ -14,7 +14,7 @@ async fn one(client: &Client, sql: &str) -> String {
 }
 
 /// `GET path` from the server's HTTP address: the status and the body.
-async fn http_get(addr: &str, path: &str) -> (u16, String) {
+pub(crate) async fn http_get(addr: &str, path: &str) -> (u16, String) {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     s.write_all(
         format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),

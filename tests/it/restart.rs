@@ -107,12 +107,16 @@ const SINK_ONLY: &[&str] = &["ticks", "steps", "bids"];
 
 /// Options no case here can use: SASL and a CA file need a broker with SASL and TLS, which
 /// neither test broker has (librdkafka's mock cluster has no SASL). A stream keeps them
-/// as written like any other option; `kafka::tests` checks what they become.
+/// as written like any other option; `kafka::tests` checks what they become. A sink with
+/// `engine = 'spark'` needs a Spark Connect server: `spark::spark_sink_survives_connect_and_
+/// tidemark_restarts` kills and restarts Tidemark (SIGKILL and SIGTERM) under one.
 const NO_CASE: &[&str] = &[
     "sasl_mechanism",
     "sasl_username",
     "sasl_password",
     "ssl_ca_location",
+    "engine",
+    "spark_remote",
 ];
 
 /// Produces `records` (value, partition) to `topic` of the mock cluster, acknowledged.

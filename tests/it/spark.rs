@@ -153,3 +153,484 @@ async fn exported_sink_runs_on_pyspark_to_the_same_rows() {
     assert_eq!(got, want, "Spark's rows, then Tidemark's");
     server.stop().await;
 }
+
+/// A Spark Connect server (`spark-submit --class ...SparkConnectServer`, from the pyspark
+/// wheel's jars) on a loopback port, killed with the test.
+struct ConnectServer {
+    child: std::process::Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl ConnectServer {
+    /// Starts a server on `port` (0: any; the port it bound is read from its log).
+    fn start(dir: &Path, port: u16) -> ConnectServer {
+        let home = Command::new(python())
+            .args([
+                "-c",
+                "import os, pyspark; print(os.path.dirname(pyspark.__file__))",
+            ])
+            .output()
+            .expect("run python");
+        let home = PathBuf::from(String::from_utf8_lossy(&home.stdout).trim());
+        std::fs::create_dir_all(dir).unwrap();
+        let log = dir.join(format!(
+            "connect-{}.log",
+            std::time::UNIX_EPOCH.elapsed().unwrap().as_nanos()
+        ));
+        let child = Command::new(home.join("bin/spark-submit"))
+            .env("SPARK_HOME", &home)
+            .args([
+                "--class",
+                "org.apache.spark.sql.connect.service.SparkConnectServer",
+                "--name",
+                "tidemark-test-connect",
+                "--master",
+                "local[2]",
+                "--conf",
+                "spark.driver.memory=1g",
+                "--conf",
+                "spark.ui.enabled=false",
+                "--conf",
+                "spark.connect.grpc.binding.address=127.0.0.1",
+                "--conf",
+            ])
+            .arg(format!("spark.connect.grpc.binding.port={port}"))
+            .arg("--conf")
+            .arg(format!("spark.local.dir={}", dir.display()))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::options().append(true).open(&log).unwrap())
+            .spawn()
+            .expect("spawn spark-submit");
+        let mut server = ConnectServer { child, port, log };
+        let start = std::time::Instant::now();
+        loop {
+            let text = std::fs::read_to_string(&server.log).unwrap_or_default();
+            if let Some(at) = text.split("Spark Connect server started at: ").nth(1) {
+                let addr = at.lines().next().unwrap_or("");
+                server.port = addr.rsplit(':').next().unwrap().trim().parse().unwrap();
+                return server;
+            }
+            if let Ok(Some(status)) = server.child.try_wait() {
+                panic!("the Connect server exited with {status}:\n{text}");
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(180),
+                "the Connect server did not start:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn remote(&self) -> String {
+        format!("sc://127.0.0.1:{}", self.port)
+    }
+
+    /// SIGKILL (the child is the JVM: spark-submit execs it).
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ConnectServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Writes `lines` as `dir/name`, under a hidden name first, with modification time `age`
+/// seconds ago (so the file source takes files in the order they are written).
+fn land(dir: &Path, name: &str, lines: &[String], age: u64) {
+    std::fs::create_dir_all(dir).unwrap();
+    let hidden = dir.join(format!(".{name}"));
+    std::fs::write(&hidden, lines.join("\n") + "\n").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&hidden)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - Duration::from_secs(age))
+        .unwrap();
+    std::fs::rename(&hidden, dir.join(name)).unwrap();
+}
+
+/// A query's batches as `tidemark.progress` has them: id, input rows, watermark, and
+/// whether rows were dropped as late (Spark counts late groups, Tidemark late rows).
+async fn batches(c: &tokio_postgres::Client, name: &str) -> Vec<Vec<Option<String>>> {
+    rows(
+        c,
+        &format!(
+            "SELECT batch_id, num_input_rows, watermark, rows_dropped_by_watermark > 0 \
+             FROM tidemark.progress WHERE name = '{name}' ORDER BY batch_id"
+        ),
+    )
+    .await
+}
+
+async fn status(
+    c: &tokio_postgres::Client,
+    name: &str,
+) -> (String, String, String, Option<String>) {
+    let r = rows(
+        c,
+        &format!(
+            "SELECT status, engine, run_id, error FROM tidemark.queries WHERE name = '{name}'"
+        ),
+    )
+    .await;
+    let r = &r[0];
+    (
+        r[0].clone().unwrap(),
+        r[1].clone().unwrap(),
+        r[2].clone().unwrap_or_default(),
+        r[3].clone(),
+    )
+}
+
+async fn wait_status(c: &tokio_postgres::Client, name: &str, want: &str) {
+    super::harness::poll(&format!("{name} {want}"), || async {
+        let (s, ..) = status(c, name).await;
+        (s == want).then_some(())
+    })
+    .await;
+}
+
+/// Each query over the seed files (and a third with a late row), as a local sink and as a
+/// sink on Spark through Spark Connect: the same rows, and batch by batch the same input
+/// rows, watermark and late drops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spark_connect_sinks_match_local_runs() {
+    if !prerequisites() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let connect = ConnectServer::start(&tmp.path().join("spark"), 0);
+    let landing = tmp.path().join("landing");
+    land_seed(&landing);
+    land(
+        &landing,
+        "clicks-3.json",
+        &[
+            r#"{"user_id":"u9","page":"/home","event_time":"2026-06-10T10:03:00Z","duration_s":1.0}"#.into(),
+            r#"{"user_id":"u9","page":"/docs","event_time":"2026-06-10T10:41:00Z","duration_s":5.0}"#.into(),
+        ],
+        10,
+    );
+    let server = TestServer::start(&tmp.path().join("data"), 0, &[]).await;
+    let c = server.connect().await;
+    // LISTEN on the events of the Spark sinks.
+    let (listener, mut connection) = tokio_postgres::connect(
+        &format!(
+            "host=127.0.0.1 port={} user=postgres dbname=tidemark",
+            server.port
+        ),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        use futures::StreamExt;
+        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(m)) = messages.next().await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                let _ = tx.send(n.payload().to_string());
+            }
+        }
+    });
+    listener
+        .batch_execute("LISTEN tidemark_events_tumbling_spark")
+        .await
+        .unwrap();
+    c.batch_execute(&format!(
+        "CREATE STREAM clicks (user_id TEXT, page TEXT, event_time TIMESTAMP, duration_s DOUBLE \
+         PRECISION) WITH (connector = 'file', format = 'json', path = '{}', \
+         max_files_per_trigger = 1)",
+        landing.display()
+    ))
+    .await
+    .unwrap();
+    let queries = [
+        (
+            "tumbling",
+            "watermark = 'event_time - 10 minutes'",
+            "SELECT window.start AS window_start, window.end AS window_end, page, count(*) AS \
+             views, sum(duration_s) AS total_duration_s FROM clicks GROUP BY \
+             window(event_time, '5 minutes'), page",
+            "ORDER BY window_start, page",
+        ),
+        (
+            "sliding",
+            "watermark = 'event_time - 5 minutes'",
+            "SELECT window.start AS window_start, page, count(*) AS views FROM clicks GROUP BY \
+             window(event_time, '10 minutes', '5 minutes'), page",
+            "ORDER BY window_start, page",
+        ),
+        (
+            // No WHERE: Spark pushes a filter into its JSON reader and counts the rows
+            // that pass as the batch's input, Tidemark counts the rows read (a known
+            // difference of the local engine's progress, not of the rows).
+            "projected",
+            "watermark = 'event_time - 5 minutes'",
+            "SELECT user_id, upper(page) AS page, duration_s * 2 AS twice FROM clicks",
+            "ORDER BY user_id, page, twice",
+        ),
+    ];
+    for (name, wm, query, order) in queries {
+        for (suffix, engine) in [
+            ("local", String::new()),
+            (
+                "spark",
+                format!("engine = 'spark', spark_remote = '{}', ", connect.remote()),
+            ),
+        ] {
+            c.batch_execute(&format!(
+                "CREATE SINK {name}_{suffix} WITH ({engine}connector = 'parquet', path = '{}', \
+                 {wm}, trigger = 'available_now') AS {query}",
+                tmp.path().join(format!("out_{name}_{suffix}")).display()
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("{name}_{suffix}: {e:?}"));
+        }
+        wait_status(&c, &format!("{name}_local"), "finished").await;
+        wait_status(&c, &format!("{name}_spark"), "finished").await;
+        let (_, engine, ..) = status(&c, &format!("{name}_spark")).await;
+        assert_eq!(engine, "spark");
+        let local = rows(&c, &format!("SELECT * FROM {name}_local {order}")).await;
+        let spark = rows(&c, &format!("SELECT * FROM {name}_spark {order}")).await;
+        assert!(!local.is_empty(), "{name}");
+        assert_eq!(spark, local, "{name}: Spark's rows, then Tidemark's");
+        let lb = batches(&c, &format!("{name}_local")).await;
+        let sb = batches(&c, &format!("{name}_spark")).await;
+        assert!(lb.len() >= 3, "{name}: {lb:?}");
+        assert_eq!(sb, lb, "{name}: Spark's batches, then Tidemark's");
+    }
+    // The other surfaces: LISTEN events, /metrics and the dashboard's API.
+    let mut kinds = Vec::new();
+    while !kinds.contains(&"terminated".to_string()) {
+        let payload = tokio::time::timeout(super::harness::DEADLINE, events.recv())
+            .await
+            .expect("listener events")
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&payload).unwrap();
+        kinds.push(v["event"].as_str().unwrap().to_string());
+    }
+    let progress = kinds.iter().filter(|k| *k == "progress").count();
+    assert_eq!(
+        kinds.first().map(String::as_str),
+        Some("started"),
+        "{kinds:?}"
+    );
+    let reports = batches(&c, "tumbling_spark").await.len();
+    assert_eq!(progress, reports, "one per batch: {kinds:?}");
+    let http = server.http.clone().expect("the HTTP server");
+    let (code, metrics) = super::monitoring::http_get(&http, "/metrics").await;
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains("tidemark_query_watermark_seconds{query=\"tumbling_spark\"}"),
+        "{metrics}"
+    );
+    let (code, api) = super::monitoring::http_get(&http, "/api/queries/tumbling_spark").await;
+    assert_eq!(code, 200, "{api}");
+    let api: serde_json::Value = serde_json::from_str(&api).unwrap();
+    assert_eq!(api["engine"], "spark");
+    assert_eq!(api["batches"].as_array().unwrap().len(), reports);
+    server.stop().await;
+}
+
+/// File `i` of the fault test: `ROWS` rows with ids unique across files.
+fn fault_file(dir: &Path, i: usize) {
+    const ROWS: usize = 5;
+    let lines: Vec<String> = (0..ROWS)
+        .map(|j| {
+            format!(
+                r#"{{"id":"f{i}-r{j}","page":"/p{j}","event_time":"2026-06-10T10:{:02}:00Z"}}"#,
+                i % 60
+            )
+        })
+        .collect();
+    // Older files first: the source takes files oldest first.
+    land(dir, &format!("part-{i:03}.json"), &lines, (100 - i) as u64);
+}
+
+/// How many rows, and how many distinct ids, the sink's table holds.
+async fn counted(c: &tokio_postgres::Client, sink: &str) -> (i64, i64) {
+    let r = rows(
+        c,
+        &format!("SELECT count(*), count(DISTINCT id) FROM {sink}"),
+    )
+    .await;
+    (
+        r[0][0].as_deref().unwrap().parse().unwrap(),
+        r[0][1].as_deref().unwrap().parse().unwrap(),
+    )
+}
+
+async fn wait_rows(c: &tokio_postgres::Client, sink: &str, want: i64) {
+    super::harness::poll(&format!("{sink} to hold {want} rows"), || async {
+        let (n, _) = counted(c, sink).await;
+        assert!(
+            n <= want,
+            "{sink} holds {n} rows, more than the {want} landed"
+        );
+        (n == want).then_some(())
+    })
+    .await;
+    let (n, distinct) = counted(c, sink).await;
+    assert_eq!((n, distinct), (want, want), "rows lost or duplicated");
+}
+
+/// A sink on Spark through the faults it must survive: the Connect server killed and
+/// started again (the query resumes from its Spark checkpoint), Tidemark killed with
+/// SIGKILL and stopped with SIGTERM (the running query is found again), STOP and START.
+/// After each, every landed row is in the sink exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spark_sink_survives_connect_and_tidemark_restarts() {
+    if !prerequisites() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let spark_dir = tmp.path().join("spark");
+    let mut connect = ConnectServer::start(&spark_dir, 0);
+    let landing = tmp.path().join("landing");
+    std::fs::create_dir_all(&landing).unwrap();
+    let data = tmp.path().join("data");
+    let mut server = TestServer::start(&data, 0, &[]).await;
+    let c = server.connect().await;
+    c.batch_execute(&format!(
+        "CREATE STREAM events (id TEXT, page TEXT, event_time TIMESTAMP) WITH (connector = \
+         'file', format = 'json', path = '{}', max_files_per_trigger = 1); \
+         CREATE SINK copied WITH (engine = 'spark', spark_remote = '{}', connector = 'parquet', \
+         path = '{}', trigger = 'processing_time 500 milliseconds') AS \
+         SELECT id, page, event_time FROM events",
+        landing.display(),
+        connect.remote(),
+        tmp.path().join("out").display()
+    ))
+    .await
+    .unwrap();
+    let mut files = 0;
+    let mut land_more = |n: usize| {
+        for _ in 0..n {
+            fault_file(&landing, files);
+            files += 1;
+        }
+        (files * 5) as i64
+    };
+    let want = land_more(3);
+    wait_rows(&c, "copied", want).await;
+    let (_, engine, first_run, _) = status(&c, "copied").await;
+    assert_eq!(engine, "spark");
+
+    // 1. The Connect server dies; files land meanwhile; it comes back on its port.
+    let port = connect.port;
+    connect.kill();
+    let want = land_more(2);
+    super::harness::poll("the lost server noticed", || async {
+        let (_, _, _, error) = status(&c, "copied").await;
+        error.filter(|e| e.contains("reconnecting"))
+    })
+    .await;
+    connect = ConnectServer::start(&spark_dir, port);
+    wait_rows(&c, "copied", want).await;
+    let (state, _, second_run, error) = status(&c, "copied").await;
+    assert_eq!((state.as_str(), error), ("running", None));
+    assert_ne!(
+        second_run, first_run,
+        "started again from its checkpoint: a new run"
+    );
+
+    // 2. Tidemark is killed; on restart it finds the same run on Spark.
+    server.kill().await;
+    let want = land_more(2);
+    server = TestServer::start(&data, 0, &[]).await;
+    let c = server.connect().await;
+    wait_rows(&c, "copied", want).await;
+    let (state, _, run, _) = status(&c, "copied").await;
+    assert_eq!(
+        (state.as_str(), run.as_str()),
+        ("running", second_run.as_str())
+    );
+
+    // 3. SIGTERM leaves the query running on Spark; the restart finds it again.
+    server.stop().await;
+    let want = land_more(1);
+    server = TestServer::start(&data, 0, &[]).await;
+    let c = server.connect().await;
+    wait_rows(&c, "copied", want).await;
+    let (_, _, run, _) = status(&c, "copied").await;
+    assert_eq!(run, second_run);
+
+    // 4. STOP stops it on Spark, START starts it from its checkpoint.
+    c.batch_execute("STOP SINK copied").await.unwrap();
+    wait_status(&c, "copied", "stopped").await;
+    let stopped_at = counted(&c, "copied").await;
+    let want = land_more(1);
+    c.batch_execute("START SINK copied").await.unwrap();
+    wait_rows(&c, "copied", want).await;
+    assert!(stopped_at.0 < want);
+    let (_, _, third_run, _) = status(&c, "copied").await;
+    assert_ne!(third_run, second_run);
+    // Progress of every run is in tidemark.progress.
+    let b = batches(&c, "copied").await;
+    assert!(!b.is_empty());
+
+    c.batch_execute("DROP SINK copied").await.unwrap();
+    server.stop().await;
+    drop(connect);
+}
+
+/// An endpoint that refuses connections, and one that accepts them and never answers:
+/// `CREATE` fails with 08006 within a bounded time, never hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_spark_connect_fails_create_in_bounded_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    // Accepted and held, never answered.
+    let held = std::thread::spawn(move || {
+        let conns: Vec<_> = silent.incoming().take(4).collect();
+        conns
+    });
+    let refused = super::harness::free_port();
+    std::fs::create_dir_all(tmp.path().join("in")).unwrap();
+    let server = TestServer::start(&tmp.path().join("data"), 0, &[]).await;
+    let c = server.connect().await;
+    c.batch_execute(&format!(
+        "CREATE STREAM s (a INT) WITH (connector = 'file', format = 'json', path = '{}')",
+        tmp.path().join("in").display()
+    ))
+    .await
+    .unwrap();
+    for port in [refused, silent_port] {
+        let started = std::time::Instant::now();
+        let e = c
+            .batch_execute(&format!(
+                "CREATE SINK k WITH (engine = 'spark', spark_remote = 'sc://127.0.0.1:{port}', \
+                 connector = 'parquet', path = '{}') AS SELECT a FROM s",
+                tmp.path().join("out").display()
+            ))
+            .await
+            .unwrap_err();
+        let db = e.as_db_error().expect("a server error");
+        assert_eq!(db.code().code(), "08006", "{db:?}");
+        assert!(
+            db.message().contains(&format!("127.0.0.1:{port}")),
+            "{db:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "took {:?}",
+            started.elapsed()
+        );
+    }
+    // Nothing was made.
+    assert!(
+        rows(&c, "SELECT name FROM tidemark.queries WHERE name = 'k'")
+            .await
+            .is_empty()
+    );
+    server.stop().await;
+    drop(held);
+}
