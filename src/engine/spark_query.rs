@@ -255,7 +255,24 @@ async fn watch_query(
     }
 }
 
-/// Publishes the reports Spark made since the last one taken.
+/// A report's place in the order, read without the rest of it.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReportKey {
+    batch_id: u64,
+    timestamp: chrono::DateTime<Utc>,
+}
+
+impl ReportKey {
+    fn of(json: &str) -> Option<Seen> {
+        serde_json::from_str::<ReportKey>(json)
+            .ok()
+            .map(|k| Seen(k.batch_id, k.timestamp.timestamp_millis()))
+    }
+}
+
+/// Publishes the reports Spark made since the last one taken. Asks for the last report
+/// first (small), and for the recent ones (up to 100) only when it is new.
 async fn take_progress(
     task: &SparkTask,
     session: &mut Session,
@@ -263,7 +280,16 @@ async fn take_progress(
     seen: &mut Option<Seen>,
 ) -> Result<()> {
     let name = &task.def.name;
+    let Some(last) = session.last_progress(ids).await? else {
+        return Ok(());
+    };
+    if seen.is_some() && ReportKey::of(&last) <= *seen {
+        return Ok(());
+    }
     for json in session.recent_progress(ids).await? {
+        if seen.is_some() && ReportKey::of(&json) <= *seen {
+            continue;
+        }
         tracing::trace!(query = %name, report = %json, "Spark progress");
         let mut p = match Progress::from_spark_json(&json, Utc::now()) {
             Ok(p) => p,

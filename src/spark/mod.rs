@@ -4,8 +4,9 @@
 //! [`translate`] turns a sink and the streams it reads into what Spark runs (a
 //! [`translate::SparkPlan`]: a streaming read per stream, the query as Spark SQL, the
 //! write), refusing at once what Spark cannot run. The plan prints as `EXPLAIN SPARK`'s
-//! lines and as a PySpark program (`tidemark export-spark`) for `spark-submit`. The Spark
-//! Connect client that starts and watches it from here is not built yet.
+//! lines and as a PySpark program (`tidemark export-spark`) for `spark-submit`.
+//! [`connect`] is the Spark Connect client that starts the plan on a server and watches it
+//! (`engine::spark_query` drives it for a sink with `engine = 'spark'`).
 
 pub mod connect;
 pub mod translate;

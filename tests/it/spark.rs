@@ -406,6 +406,41 @@ async fn spark_connect_sinks_match_local_runs() {
         assert!(lb.len() >= 3, "{name}: {lb:?}");
         assert_eq!(sb, lb, "{name}: Spark's batches, then Tidemark's");
     }
+    // A query that fails on Spark (a malformed record under FAILFAST) is failed, with
+    // Spark's error.
+    let bad = tmp.path().join("bad");
+    land(
+        &bad,
+        "bad.json",
+        &["{\"a\": 1}".into(), "{not json".into()],
+        5,
+    );
+    c.batch_execute(&format!(
+        "CREATE STREAM strict (a INT) WITH (connector = 'file', format = 'json', path = '{}', \
+         mode = 'FAILFAST'); \
+         CREATE SINK strict_spark WITH (engine = 'spark', spark_remote = '{}', connector = \
+         'parquet', path = '{}') AS SELECT a FROM strict",
+        bad.display(),
+        connect.remote(),
+        tmp.path().join("out_strict").display()
+    ))
+    .await
+    .unwrap();
+    wait_status(&c, "strict_spark", "failed").await;
+    let (_, _, _, error) = status(&c, "strict_spark").await;
+    let error = error.unwrap();
+    assert!(
+        error.starts_with("the query failed on Spark: [STREAM_FAILED]")
+            && error.contains("bad.json"),
+        "{error}"
+    );
+    let sinks = rows(
+        &c,
+        "SELECT name FROM tidemark.queries WHERE status = 'failed'",
+    )
+    .await;
+    assert_eq!(sinks, vec![vec![Some("strict_spark".to_string())]]);
+
     // The other surfaces: LISTEN events, /metrics and the dashboard's API.
     let mut kinds = Vec::new();
     while !kinds.contains(&"terminated".to_string()) {

@@ -416,6 +416,19 @@ impl Session {
         }
     }
 
+    /// The query's last report, as Spark's JSON (`None` before its first).
+    pub async fn last_progress(&mut self, ids: &QueryIds) -> Result<Option<String>> {
+        match self
+            .query_command(ids, streaming_query_command::Command::LastProgress(true))
+            .await?
+        {
+            Some(streaming_query_command_result::ResultType::RecentProgress(p)) => {
+                Ok(p.recent_progress_json.into_iter().last())
+            }
+            _ => Err(self.unexpected("last progress")),
+        }
+    }
+
     /// Why the query failed, if it did: Spark's message, with its error class.
     pub async fn exception(&mut self, ids: &QueryIds) -> Result<Option<String>> {
         match self
