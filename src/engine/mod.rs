@@ -195,7 +195,11 @@ impl Engine {
             };
             let mut qs = QueryStatus::new(&s.name, status);
             qs.error = s.error.clone();
-            if let Ok(ck) = crate::checkpoint::Checkpoint::open(&s.checkpoint) {
+            if s.runs_on_spark() {
+                // Spark's ids, as the sink's last run left them.
+                qs.engine = "spark";
+                (qs.id, qs.run_id) = spark_query::saved_ids(s).unzip();
+            } else if let Ok(ck) = crate::checkpoint::Checkpoint::open(&s.checkpoint) {
                 qs.id = Some(ck.id);
                 qs.last_batch_id = ck.latest_commit().ok().flatten().map(|(n, _)| n);
             }
@@ -800,8 +804,11 @@ impl Engine {
                 .deregister_table(TableReference::bare(def.name.clone()));
             return Err(e);
         }
-        self.registry
-            .set(QueryStatus::new(&def.name, Status::Stopped));
+        let mut status = QueryStatus::new(&def.name, Status::Stopped);
+        if def.runs_on_spark() {
+            status.engine = "spark";
+        }
+        self.registry.set(status);
         self.spawn(&cat, &def)?;
         Ok(Output::Command(tag))
     }

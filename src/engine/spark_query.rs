@@ -78,6 +78,15 @@ impl SessionFile {
     }
 }
 
+/// The Spark query and run ids the sink's last run saved, if any.
+pub fn saved_ids(def: &SinkDef) -> Option<(Uuid, Uuid)> {
+    let q = SessionFile::load(def).query?;
+    Some((
+        Uuid::parse_str(&q.id).ok()?,
+        Uuid::parse_str(&q.run_id).ok()?,
+    ))
+}
+
 /// The query's newest report taken so far: Spark's reports are ordered by batch id, then
 /// by time (idle reports repeat the batch id).
 #[derive(Debug, Default, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -136,13 +145,9 @@ async fn run_inner(mut task: SparkTask) -> Result<Outcome> {
                 retry_wait = Duration::from_millis(100);
                 task.registry.update(&def.name, |s| s.error = None);
                 match watch_query(&mut task, &mut session, &ids, &mut seen).await {
-                    Ok(Some(outcome)) => {
-                        if matches!(outcome, Outcome::Stopped(StopReason::User)) {
-                            file.query = None;
-                            file.save(&def)?;
-                        }
-                        return Ok(outcome);
-                    }
+                    // A stopped query's ids stay in the file: SHOW QUERIES shows them after
+                    // a restart, and START, not finding it active, starts it again.
+                    Ok(Some(outcome)) => return Ok(outcome),
                     Ok(None) => {}
                     Err(e) if is_connection_lost(&e) => note_retry(&task, &e),
                     Err(e) => return Err(e),

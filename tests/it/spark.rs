@@ -602,14 +602,31 @@ async fn spark_sink_survives_connect_and_tidemark_restarts() {
     wait_status(&c, "copied", "stopped").await;
     let stopped_at = counted(&c, "copied").await;
     let want = land_more(1);
+    // A stopped sink on Spark stays stopped across a restart, with its engine and ids.
+    server.stop().await;
+    server = TestServer::start(&data, 0, &[]).await;
+    let c = server.connect().await;
+    let (state, engine, run, _) = status(&c, "copied").await;
+    assert_eq!(
+        (state.as_str(), engine.as_str(), run.as_str()),
+        ("stopped", "spark", second_run.as_str())
+    );
+    assert_eq!(
+        counted(&c, "copied").await,
+        stopped_at,
+        "nothing ran while stopped"
+    );
     c.batch_execute("START SINK copied").await.unwrap();
     wait_rows(&c, "copied", want).await;
     assert!(stopped_at.0 < want);
     let (_, _, third_run, _) = status(&c, "copied").await;
     assert_ne!(third_run, second_run);
-    // Progress of every run is in tidemark.progress.
-    let b = batches(&c, "copied").await;
-    assert!(!b.is_empty());
+    // The run's reports reach tidemark.progress (up to a poll after its commit).
+    super::harness::poll("the restarted run's reports", || async {
+        let b = batches(&c, "copied").await;
+        (!b.is_empty()).then_some(())
+    })
+    .await;
 
     c.batch_execute("DROP SINK copied").await.unwrap();
     server.stop().await;
@@ -666,6 +683,24 @@ async fn unreachable_spark_connect_fails_create_in_bounded_time() {
             .await
             .is_empty()
     );
+    server.stop().await;
+
+    // The server's --spark-remote stands in for a sink's spark_remote.
+    let remote = format!("sc://127.0.0.1:{refused}");
+    let server =
+        TestServer::start_with(&tmp.path().join("data"), &[], &["--spark-remote", &remote]).await;
+    let c = server.connect().await;
+    let e = c
+        .batch_execute(&format!(
+            "CREATE SINK k WITH (engine = 'spark', connector = 'parquet', path = '{}') AS \
+             SELECT a FROM s",
+            tmp.path().join("out").display()
+        ))
+        .await
+        .unwrap_err();
+    let db = e.as_db_error().expect("a server error");
+    assert_eq!(db.code().code(), "08006", "{db:?}");
+    assert!(db.message().contains(&remote), "{db:?}");
     server.stop().await;
     drop(held);
 }
