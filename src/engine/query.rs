@@ -597,22 +597,27 @@ pub async fn run(task: QueryTask) -> Outcome {
             Outcome::Failed(e)
         }
     };
-    // Spark posts QueryTerminatedEvent only after a QueryStartedEvent.
-    if let Some(status) = registry.get(&name)
+    announce_end(&registry, &name, &outcome);
+    outcome
+}
+
+/// Posts a run's `terminated` event (Spark posts QueryTerminatedEvent only after a
+/// QueryStartedEvent: the run has ids) and records its end in the metrics.
+pub(super) fn announce_end(registry: &Registry, name: &str, outcome: &Outcome) {
+    if let Some(status) = registry.get(name)
         && let (Some(id), Some(run_id)) = (status.id, status.run_id)
     {
         registry.post(ListenerEvent::Terminated {
             id,
             run_id,
-            name: name.clone(),
-            exception: match &outcome {
+            name: name.to_string(),
+            exception: match outcome {
                 Outcome::Failed(e) => Some(e.to_string()),
                 _ => None,
             },
         });
     }
-    super::metrics::query_ended(&name, matches!(outcome, Outcome::Failed(_)));
-    outcome
+    super::metrics::query_ended(name, matches!(outcome, Outcome::Failed(_)));
 }
 
 struct Runner {

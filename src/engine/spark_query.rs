@@ -103,21 +103,12 @@ pub async fn run(task: SparkTask) -> Outcome {
             Outcome::Failed(e)
         }
     };
-    if !matches!(outcome, Outcome::Stopped(StopReason::Shutdown))
-        && let Some(status) = registry.get(&name)
-        && let (Some(id), Some(run_id)) = (status.id, status.run_id)
-    {
-        registry.post(ListenerEvent::Terminated {
-            id,
-            run_id,
-            name: name.clone(),
-            exception: match &outcome {
-                Outcome::Failed(e) => Some(e.to_string()),
-                _ => None,
-            },
-        });
+    // A shutdown leaves the query running on Spark: it has not terminated.
+    if matches!(outcome, Outcome::Stopped(StopReason::Shutdown)) {
+        super::metrics::query_ended(&name, false);
+    } else {
+        super::query::announce_end(&registry, &name, &outcome);
     }
-    super::metrics::query_ended(&name, matches!(outcome, Outcome::Failed(_)));
     outcome
 }
 
