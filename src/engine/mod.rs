@@ -751,6 +751,11 @@ impl Engine {
         }
         let (mut def, shape) = self.sink_def(&cat, &cs).await?;
         let schema = shape.schema.clone();
+        if def.options.get("from").is_some() {
+            return Err(Error::invalid_option(
+                "from applies only to ALTER SINK ... SET (engine = 'spark') on a local sink",
+            ));
+        }
         if def.runs_on_spark() {
             self.check_spark_sink(&cat, &mut def).await?;
         }
@@ -948,6 +953,7 @@ impl Engine {
         }
         if def.owns_checkpoint {
             let _ = std::fs::remove_dir_all(&def.checkpoint);
+            let _ = std::fs::remove_dir_all(spark_checkpoint(&def));
         }
         Ok(Output::Command(tag))
     }
@@ -965,6 +971,10 @@ impl Engine {
             _ => crate::catalog::option_table(kind),
         };
         options.check(table)?;
+        let mut options = options;
+        if let Some(moved) = self.engine_change(name, &mut options).await? {
+            return moved;
+        }
         if let Some(key) = options
             .0
             .keys()
@@ -1017,18 +1027,115 @@ impl Engine {
             kind: "sink",
             name: name.to_string(),
         })?;
-        if let Some(t) = trigger {
-            def.trigger = t;
-        }
-        for (k, v) in options.0 {
-            def.options.0.insert(k, v);
-        }
+        apply_altered(def, trigger, options);
         let def = def.clone();
         cat.save(&self.data_dir)?;
         if was_running && def.state == SinkState::Running {
             self.spawn(&cat, &def)?;
         }
         Ok(Output::Command(format!("ALTER {}", kind.keyword())))
+    }
+
+    /// `engine` in `ALTER SINK ... SET`: the same engine is no change (the key is taken
+    /// out); a local sink moves to Spark ([`Self::move_to_spark`], the whole ALTER);
+    /// back from Spark is refused. `from` goes only with a move.
+    async fn engine_change(
+        &self,
+        name: &str,
+        options: &mut crate::sql::options::Options,
+    ) -> Result<Option<Result<Output>>> {
+        let on_spark = {
+            let cat = self.catalog.lock().await;
+            cat.sink(name).is_some_and(SinkDef::runs_on_spark)
+        };
+        let wanted = options
+            .get("engine")
+            .map(|e| e.eq_ignore_ascii_case("spark"));
+        if wanted.is_none_or(|w| w == on_spark) {
+            options.0.remove("engine");
+            if options.get("from").is_some() {
+                return Err(Error::invalid_option(
+                    "from applies only to ALTER SINK ... SET (engine = 'spark') on a local sink",
+                ));
+            }
+            return Ok(None);
+        }
+        if on_spark {
+            return Err(Error::Unsupported {
+                message: format!("sink \"{name}\" runs on Spark and cannot move back"),
+                hint: Some(
+                    "Moving a sink from Spark to the local engine is not supported yet: \
+                     create a local sink with a new checkpoint_location."
+                        .into(),
+                ),
+            });
+        }
+        Ok(Some(self.move_to_spark(name, options.clone()).await))
+    }
+
+    /// `ALTER SINK s SET (engine = 'spark', ...)` on a stopped local sink: the sink's
+    /// options changed as asked, the translation and the endpoint checked as at `CREATE`,
+    /// Spark's checkpoint seeded from the local one ([`crate::spark::handover`]), and the
+    /// query started on Spark where the local one stopped.
+    async fn move_to_spark(
+        &self,
+        name: &str,
+        mut options: crate::sql::options::Options,
+    ) -> Result<Output> {
+        use crate::spark::handover;
+        let from_beginning = options
+            .0
+            .remove("from")
+            .is_some_and(|f| f.eq_ignore_ascii_case("beginning"));
+        let trigger = options.get("trigger").map(Trigger::parse).transpose()?;
+        options.positive_int("max_files_per_trigger")?;
+        options.positive_int("max_rows_per_trigger")?;
+        if self.is_running(name) {
+            return Err(Error::WrongState(format!(
+                "sink \"{name}\" is running: STOP SINK {name} before moving it to Spark"
+            )));
+        }
+        let mut cat = self.catalog.lock().await;
+        let mut def = cat
+            .sink(name)
+            .cloned()
+            .ok_or_else(|| Error::UndefinedObject {
+                kind: "sink",
+                name: name.to_string(),
+            })?;
+        apply_altered(&mut def, trigger, options);
+        self.check_spark_sink(&cat, &mut def).await?;
+        let point = handover::local_point(&def.checkpoint)?;
+        let start = handover::decide(name, &point, from_beginning)?;
+        if let handover::Start::Fresh { clear_output: true } = start {
+            handover::check_output_clearable(&def)?;
+        }
+        let file_sources: Vec<bool> = sink_streams_of(&def, &cat)?
+            .iter()
+            .map(|s| s.connector() == "file")
+            .collect();
+        handover::seed(
+            &def.checkpoint,
+            &spark_checkpoint(&def),
+            &start,
+            &file_sources,
+            def.state_partitions,
+        )?;
+        def.state = SinkState::Running;
+        def.error = None;
+        let slot = cat.sink_mut(name).ok_or_else(|| Error::UndefinedObject {
+            kind: "sink",
+            name: name.to_string(),
+        })?;
+        *slot = def.clone();
+        cat.save(&self.data_dir)?;
+        tracing::info!(sink = %name, start = ?start, "moved to Spark");
+        self.registry.update(name, |s| {
+            s.engine = "spark";
+            s.status = Status::Stopped;
+        });
+        self.spawn(&cat, &def)?;
+        Ok(Output::Command("ALTER SINK".into()))
     }
 
     async fn stop_sink(&self, name: &str, kind: QueryKind) -> Result<Output> {
@@ -1781,6 +1888,24 @@ fn sink_streams(query: &str, cat: &Catalog) -> Result<(Vec<String>, Vec<String>)
 }
 
 /// The definitions of the streams a sink reads, in its sources' order.
+/// The changes of an `ALTER SINK ... SET`, made to `def`.
+fn apply_altered(
+    def: &mut SinkDef,
+    trigger: Option<Trigger>,
+    options: crate::sql::options::Options,
+) {
+    if let Some(t) = trigger {
+        def.trigger = t;
+    }
+    def.options.0.extend(options.0);
+}
+
+/// The checkpoint of a sink's query on Spark, beside Tidemark's (`spark::translate` names
+/// it so in the plan).
+fn spark_checkpoint(def: &SinkDef) -> PathBuf {
+    PathBuf::from(format!("{}-spark", def.checkpoint.display()))
+}
+
 fn sink_streams_of<'a>(def: &SinkDef, cat: &'a Catalog) -> Result<Vec<&'a StreamDef>> {
     def.streams
         .iter()

@@ -87,10 +87,25 @@ pub fn saved_ids(def: &SinkDef) -> Option<(Uuid, Uuid)> {
     ))
 }
 
-/// The query's newest report taken so far: Spark's reports are ordered by batch id, then
-/// by time (idle reports repeat the batch id).
-#[derive(Debug, Default, Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct Seen(u64, i64);
+/// The newest report taken so far: the query's id, and its place in the query's order
+/// (Spark's reports are ordered by batch id, then by time: idle reports repeat the batch
+/// id).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    query: Uuid,
+    at: (u64, i64),
+}
+
+impl Seen {
+    /// Whether a report keyed `self` comes after `taken`: always for another query (the
+    /// local run before a move to Spark, a Spark checkpoint started from scratch), else
+    /// by batch id and time.
+    fn is_after(&self, taken: &Option<Seen>) -> bool {
+        taken
+            .as_ref()
+            .is_none_or(|t| t.query != self.query || self.at > t.at)
+    }
+}
 
 /// Runs the query on Spark until it finishes, fails or is stopped.
 pub async fn run(task: SparkTask) -> Outcome {
@@ -115,11 +130,15 @@ pub async fn run(task: SparkTask) -> Outcome {
 async fn run_inner(mut task: SparkTask) -> Result<Outcome> {
     let def = task.def.clone();
     let mut file = SessionFile::load(&def);
-    let mut seen = task
-        .registry
-        .last_progress(&def.name)
-        .map(|p| Seen(p.batch_id.get(), p.timestamp.timestamp_millis()));
+    let mut seen = task.registry.last_progress(&def.name).map(|p| Seen {
+        query: p.id,
+        at: (p.batch_id.get(), p.timestamp.timestamp_millis()),
+    });
     let mut retry_wait = Duration::from_millis(100);
+    crate::spark::handover::clear_pending_output(
+        &def,
+        std::path::Path::new(&task.plan.write.checkpoint),
+    )?;
     task.registry.update(&def.name, |s| {
         s.engine = "spark";
         s.status = Status::Running;
@@ -255,15 +274,22 @@ async fn watch_query(
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct ReportKey {
+    id: Uuid,
     batch_id: u64,
     timestamp: chrono::DateTime<Utc>,
 }
 
 impl ReportKey {
-    fn of(json: &str) -> Option<Seen> {
-        serde_json::from_str::<ReportKey>(json)
-            .ok()
-            .map(|k| Seen(k.batch_id, k.timestamp.timestamp_millis()))
+    /// Whether `json` is a report after `taken` (one that does not parse is taken, and
+    /// its error reported, by `Progress::from_spark_json`).
+    fn is_new(json: &str, taken: &Option<Seen>) -> bool {
+        serde_json::from_str::<ReportKey>(json).map_or(true, |k| {
+            Seen {
+                query: k.id,
+                at: (k.batch_id, k.timestamp.timestamp_millis()),
+            }
+            .is_after(taken)
+        })
     }
 }
 
@@ -279,11 +305,11 @@ async fn take_progress(
     let Some(last) = session.last_progress(ids).await? else {
         return Ok(());
     };
-    if seen.is_some() && ReportKey::of(&last) <= *seen {
+    if !ReportKey::is_new(&last, seen) {
         return Ok(());
     }
     for json in session.recent_progress(ids).await? {
-        if seen.is_some() && ReportKey::of(&json) <= *seen {
+        if !ReportKey::is_new(&json, seen) {
             continue;
         }
         tracing::trace!(query = %name, report = %json, "Spark progress");
@@ -295,8 +321,11 @@ async fn take_progress(
                 continue;
             }
         };
-        let key = Seen(p.batch_id.get(), p.timestamp.timestamp_millis());
-        if seen.as_ref().is_some_and(|s| &key <= s) {
+        let key = Seen {
+            query: p.id,
+            at: (p.batch_id.get(), p.timestamp.timestamp_millis()),
+        };
+        if !key.is_after(seen) {
             continue;
         }
         *seen = Some(key);
@@ -340,9 +369,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reports_are_taken_in_batch_then_time_order() {
-        assert!(Seen(3, 10) > Seen(2, 99));
-        assert!(Seen(3, 11) > Seen(3, 10));
-        assert!(Seen(3, 10) <= Seen(3, 10));
+    fn reports_are_taken_in_batch_then_time_order_within_a_query() {
+        let (q, other) = (Uuid::new_v4(), Uuid::new_v4());
+        let seen = |query, batch, ms| Seen {
+            query,
+            at: (batch, ms),
+        };
+        let taken = Some(seen(q, 3, 10));
+        assert!(seen(q, 4, 1).is_after(&taken));
+        assert!(seen(q, 3, 11).is_after(&taken));
+        assert!(!seen(q, 3, 10).is_after(&taken));
+        assert!(!seen(q, 2, 99).is_after(&taken));
+        // A new query (a checkpoint started again) begins at batch 0.
+        assert!(seen(other, 0, 1).is_after(&taken));
+        assert!(seen(q, 0, 1).is_after(&None));
+        let json = |id: Uuid, b| {
+            format!(r#"{{"id":"{id}","batchId":{b},"timestamp":"2026-01-01T00:00:00.000Z"}}"#)
+        };
+        assert!(ReportKey::is_new(&json(other, 0), &taken));
+        assert!(!ReportKey::is_new(&json(q, 2), &taken));
     }
 }

@@ -163,8 +163,18 @@ pub const SINK_OPTIONS: OptionTable = OptionTable {
             OptionType::OneOf(&["tidemark", "spark"]),
             Some("tidemark"),
             "Where the query runs: in this process, or on a Spark cluster through Spark \
-             Connect (docs/scale-out.md)",
-        ),
+             Connect (docs/scale-out.md); ALTER moves a stopped local sink to Spark",
+        )
+        .alterable(),
+        OptionSpec::new(
+            "from",
+            OptionType::OneOf(&["checkpoint", "beginning"]),
+            Some("checkpoint"),
+            "ALTER ... SET (engine = 'spark') only: where the query starts on Spark, where \
+             the local checkpoint stopped, or over every input again (the sink's output is \
+             rebuilt)",
+        )
+        .alterable(),
         OptionSpec::new(
             "spark_remote",
             OptionType::Text,

@@ -6,9 +6,11 @@
 //! write), refusing at once what Spark cannot run. The plan prints as `EXPLAIN SPARK`'s
 //! lines and as a PySpark program (`tidemark export-spark`) for `spark-submit`.
 //! [`connect`] is the Spark Connect client that starts the plan on a server and watches it
-//! (`engine::spark_query` drives it for a sink with `engine = 'spark'`).
+//! (`engine::spark_query` drives it for a sink with `engine = 'spark'`). [`handover`]
+//! moves a stopped local sink to Spark, seeding Spark's checkpoint from the local one.
 
 pub mod connect;
+pub mod handover;
 pub mod translate;
 
 pub use translate::{SparkPlan, translate};

@@ -109,8 +109,11 @@ const SINK_ONLY: &[&str] = &["ticks", "steps", "bids"];
 /// neither test broker has (librdkafka's mock cluster has no SASL). A stream keeps them
 /// as written like any other option; `kafka::tests` checks what they become. A sink with
 /// `engine = 'spark'` needs a Spark Connect server: `spark::spark_sink_survives_connect_and_
-/// tidemark_restarts` kills and restarts Tidemark (SIGKILL and SIGTERM) under one.
+/// tidemark_restarts` kills and restarts Tidemark (SIGKILL and SIGTERM) under one. `from`
+/// is only an instruction to `ALTER ... SET (engine = 'spark')`, never kept; `spark::local_
+/// sinks_move_to_spark_where_they_stopped` restarts Tidemark after moves.
 const NO_CASE: &[&str] = &[
+    "from",
     "sasl_mechanism",
     "sasl_username",
     "sasl_password",

@@ -704,3 +704,252 @@ async fn unreachable_spark_connect_fails_create_in_bounded_time() {
     server.stop().await;
     drop(held);
 }
+
+/// One click a line: `(user, kind, "HH:MM")` on 2026-06-10.
+fn events(rows: &[(&str, &str, &str)]) -> Vec<String> {
+    rows.iter()
+        .map(|(u, k, t)| {
+            format!(r#"{{"user_id":"{u}","kind":"{k}","event_time":"2026-06-10T{t}:00Z"}}"#)
+        })
+        .collect()
+}
+
+/// Input rows of the batches of `name` from batch `from` on.
+async fn inputs_from(
+    c: &tokio_postgres::Client,
+    name: &str,
+    from: i64,
+) -> Vec<Vec<Option<String>>> {
+    rows(
+        c,
+        &format!(
+            "SELECT batch_id, num_input_rows FROM tidemark.progress WHERE name = '{name}' \
+             AND batch_id >= {from} ORDER BY batch_id"
+        ),
+    )
+    .await
+}
+
+async fn alter_error(c: &tokio_postgres::Client, sql: &str) -> (String, String) {
+    let e = c.batch_execute(sql).await.expect_err(sql);
+    let db = e.as_db_error().expect("a server error");
+    (db.code().code().to_string(), db.message().to_string())
+}
+
+/// `ALTER SINK s SET (engine = 'spark')` moves a stopped local sink to Spark where its
+/// checkpoint stopped: the files already taken are not read again, a stateful sink moves
+/// at a clean point, one with open state is refused or moved with `from = 'beginning'`;
+/// the result equals a local run over every file, and the moved sinks stay on Spark
+/// across a Tidemark restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_sinks_move_to_spark_where_they_stopped() {
+    if !prerequisites() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let connect = ConnectServer::start(&tmp.path().join("spark"), 0);
+    let (landing, landing2) = (tmp.path().join("landing"), tmp.path().join("landing2"));
+    let data = tmp.path().join("data");
+    let mut server = TestServer::start(&data, 0, &[]).await;
+    let c = server.connect().await;
+    // f1, f2 before the move; f3, f4 after. Ticks move the watermark and are left out.
+    land(
+        &landing,
+        "f1.json",
+        &events(&[
+            ("u1", "click", "10:00"),
+            ("u2", "click", "10:01"),
+            ("u1", "click", "10:03"),
+        ]),
+        60,
+    );
+    land(&landing, "f2.json", &events(&[("u0", "tick", "10:30")]), 50);
+    std::fs::create_dir_all(&landing2).unwrap();
+    for (name, dir) in [("ev", &landing), ("ev2", &landing2)] {
+        c.batch_execute(&format!(
+            "CREATE STREAM {name} (user_id TEXT, kind TEXT, event_time TIMESTAMP) WITH \
+             (connector = 'file', format = 'json', path = '{}', max_files_per_trigger = 1)",
+            dir.display()
+        ))
+        .await
+        .unwrap();
+    }
+    let projected = "SELECT user_id, kind, event_time FROM ev WHERE kind <> 'tick'";
+    // The ticks must reach the watermark, so the filter names the event time (a filter
+    // that does not is pushed below the watermark, by Spark and by Tidemark alike).
+    let windowed = "SELECT window.start AS window_start, user_id, count(*) AS n FROM ev WHERE \
+                    kind <> 'tick' OR event_time IS NULL GROUP BY window(event_time, \
+                    '5 minutes'), user_id";
+    let out = |n: &str| tmp.path().join(format!("out_{n}")).display().to_string();
+    for (name, query) in [("proj", projected), ("win", windowed)] {
+        c.batch_execute(&format!(
+            "CREATE SINK {name} WITH (connector = 'parquet', path = '{}', watermark = \
+             'event_time - 1 minute', trigger = 'available_now') AS {query}",
+            out(name)
+        ))
+        .await
+        .unwrap();
+        wait_status(&c, name, "finished").await;
+    }
+    let local_batches = inputs_from(&c, "win", 0).await;
+    assert_eq!(
+        local_batches.len(),
+        3,
+        "two files and the batch that closes the windows"
+    );
+
+    land(
+        &landing,
+        "f3.json",
+        &events(&[("u1", "click", "10:40"), ("u3", "click", "10:41")]),
+        40,
+    );
+    land(&landing, "f4.json", &events(&[("u0", "tick", "11:10")]), 30);
+    for name in ["proj", "win"] {
+        c.batch_execute(&format!(
+            "ALTER SINK {name} SET (engine = 'spark', spark_remote = '{}')",
+            connect.remote()
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        let (_, engine, ..) = status(&c, name).await;
+        assert_eq!(engine, "spark", "{name}");
+        wait_status(&c, name, "finished").await;
+    }
+    // Spark went on from the local checkpoint: batch ids continue, and its first batch
+    // read f3's rows only (f1 and f2 were not taken again).
+    let proj_spark = inputs_from(&c, "proj", 2).await;
+    let s = |v: &str| Some(v.to_string());
+    assert_eq!(proj_spark[0], vec![s("2"), s("2")], "{proj_spark:?}");
+    // (Spark counts f4's tick after the pushed-down filter: 0 rows.)
+    assert_eq!(proj_spark.len(), 2, "{proj_spark:?}");
+    assert_eq!(proj_spark[1][0], s("3"), "{proj_spark:?}");
+    let win_spark = inputs_from(&c, "win", 3).await;
+    assert_eq!(win_spark[0], vec![s("3"), s("2")], "{win_spark:?}");
+
+    // The same queries run locally over all four files.
+    for (name, query) in [("proj", projected), ("win", windowed)] {
+        c.batch_execute(&format!(
+            "CREATE SINK {name}_ref WITH (connector = 'parquet', path = '{}', watermark = \
+             'event_time - 1 minute', trigger = 'available_now') AS {query}",
+            out(&format!("{name}_ref"))
+        ))
+        .await
+        .unwrap();
+        wait_status(&c, &format!("{name}_ref"), "finished").await;
+        let order = "ORDER BY 1, 2, 3";
+        let moved = rows(&c, &format!("SELECT * FROM {name} {order}")).await;
+        let reference = rows(&c, &format!("SELECT * FROM {name}_ref {order}")).await;
+        assert_eq!(moved.len(), if name == "proj" { 5 } else { 4 }, "{moved:?}");
+        assert_eq!(moved, reference, "{name}: moved, then all local");
+    }
+
+    // A sink with open windows: refused while running, refused stopped (state does not
+    // transfer), moved with from = 'beginning' (its output rebuilt on Spark).
+    land(
+        &landing2,
+        "g1.json",
+        &events(&[("u1", "click", "10:00"), ("u2", "click", "10:01")]),
+        60,
+    );
+    land(
+        &landing2,
+        "g2.json",
+        &events(&[("u1", "click", "10:40")]),
+        50,
+    );
+    c.batch_execute(&format!(
+        "CREATE SINK open_win WITH (connector = 'parquet', path = '{}', watermark = \
+         'event_time - 20 minutes') AS SELECT window.start AS window_start, user_id, count(*) \
+         AS n FROM ev2 GROUP BY window(event_time, '5 minutes'), user_id",
+        out("open_win")
+    ))
+    .await
+    .unwrap();
+    c.batch_execute("FLUSH SINK open_win").await.unwrap();
+    let local = rows(&c, "SELECT * FROM open_win ORDER BY 1, 2").await;
+    assert_eq!(
+        local.len(),
+        2,
+        "the 10:00 windows closed, 10:40 open: {local:?}"
+    );
+    let move_sql = format!(
+        "ALTER SINK open_win SET (engine = 'spark', spark_remote = '{}')",
+        connect.remote()
+    );
+    let (code, msg) = alter_error(&c, &move_sql).await;
+    assert_eq!(code, "55000", "{msg}");
+    assert!(msg.contains("STOP SINK open_win"), "{msg}");
+    c.batch_execute("STOP SINK open_win").await.unwrap();
+    let (code, msg) = alter_error(&c, &move_sql).await;
+    assert_eq!(code, "55000", "{msg}");
+    assert!(msg.contains("hold 1 row(s) of state"), "{msg}");
+    let (_, engine, ..) = status(&c, "open_win").await;
+    assert_eq!(engine, "tidemark", "a refused move leaves the sink local");
+    c.batch_execute(&move_sql.replace(")", ", from = 'beginning')"))
+        .await
+        .unwrap();
+    super::harness::poll("open_win rebuilt on Spark", || async {
+        let n = rows(&c, "SELECT count(*) FROM open_win").await[0][0].clone();
+        let n: i64 = n.unwrap().parse().unwrap();
+        assert!(n <= 2, "open_win holds {n} rows");
+        (n == 2).then_some(())
+    })
+    .await;
+    assert_eq!(
+        rows(&c, "SELECT * FROM open_win ORDER BY 1, 2").await,
+        local
+    );
+    // Spark's run started from scratch: its reports begin at batch 0 (the local run's
+    // batches 0-2 stay in tidemark.progress under the local ids).
+    let (_, _, spark_run, _) = status(&c, "open_win").await;
+    let first = super::harness::poll("the Spark run's reports", || async {
+        let r = rows(
+            &c,
+            &format!(
+                "SELECT min(batch_id), max(batch_id) FROM tidemark.progress WHERE name = \
+                 'open_win' AND run_id = '{spark_run}'"
+            ),
+        )
+        .await;
+        let last = r[0][1].as_deref().and_then(|v| v.parse::<i64>().ok());
+        last.is_some_and(|b| b >= 2).then(|| r[0][0].clone())
+    })
+    .await;
+    assert_eq!(first, s("0"), "Spark started from scratch");
+
+    // The moves outlive Tidemark, killed (SIGKILL) or stopped (SIGTERM) and started
+    // again: the sinks are on Spark, and the rebuilt sink goes on taking new files there.
+    for (round, kill) in [(3, true), (4, false)] {
+        if kill {
+            server.kill().await;
+        } else {
+            server.stop().await;
+        }
+        server = TestServer::start(&data, 0, &[]).await;
+        let c = server.connect().await;
+        for name in ["proj", "win", "open_win"] {
+            let (_, engine, ..) = status(&c, name).await;
+            assert_eq!(engine, "spark", "{name} after restart {round}");
+        }
+        // A click an hour on: the 10:40 window closes.
+        land(
+            &landing2,
+            &format!("g{round}.json"),
+            &events(&[("u1", "click", &format!("1{}:40", round - 2))]),
+            40 - round * 5,
+        );
+        let want = round as i64;
+        super::harness::poll("open_win's next window", || async {
+            let n = rows(&c, "SELECT count(*) FROM open_win").await[0][0].clone();
+            let n: i64 = n.unwrap().parse().unwrap();
+            assert!(n <= want, "open_win holds {n} rows");
+            (n == want).then_some(())
+        })
+        .await;
+    }
+    let c = server.connect().await;
+    let after = rows(&c, "SELECT * FROM open_win ORDER BY 1, 2").await;
+    assert_eq!(after[..2], local[..], "{after:?}");
+    server.stop().await;
+}
