@@ -22,8 +22,8 @@ use tokio_postgres::Client;
 use crate::harness::{TestServer, free_port, rows};
 
 #[derive(Debug)]
-struct Variant {
-    mode: String,
+pub(crate) struct Variant {
+    pub(crate) mode: String,
     window: String,
     duration: String,
     slide: String,
@@ -160,7 +160,18 @@ fn land(run_dir: &Path, landing: &Path, mtime: &mut SystemTime) {
     }
 }
 
-async fn check_variant(case: &Path, runs: &[String], variant: &str, v: &Variant) {
+/// Replays `variant` of `case` run by run and checks each run against Spark's outputs: a
+/// local sink and a materialized view, or, with `spark` (a Spark Connect endpoint), a
+/// Parquet sink on Spark (`engine = 'spark'`), whose rows and batches must be the ones
+/// Spark made when the oracle ran (its file sink reports no output row count, so the rows
+/// emitted per batch are checked through the table only).
+pub(crate) async fn check_variant(
+    case: &Path,
+    runs: &[String],
+    variant: &str,
+    v: &Variant,
+    spark: Option<&str>,
+) {
     let tmp = tempfile::tempdir().unwrap();
     let landing = tmp.path().join("landing");
     std::fs::create_dir_all(&landing).unwrap();
@@ -195,28 +206,46 @@ async fn check_variant(case: &Path, runs: &[String], variant: &str, v: &Variant)
                 "watermark = 'event_time - {}', output_mode = '{}', trigger = '{}'",
                 v.watermark, v.mode, v.trigger
             );
+            let objects = match spark {
+                None => format!(
+                    "CREATE SINK out WITH ({with}) AS {query};
+                     CREATE MATERIALIZED VIEW view_out WITH ({with}) AS {query}"
+                ),
+                Some(remote) => format!(
+                    "CREATE SINK out WITH (engine = 'spark', spark_remote = '{remote}', \
+                     connector = 'parquet', path = '{}', {with}) AS {query}",
+                    tmp.path().join("out").display()
+                ),
+            };
             client
                 .batch_execute(&format!(
                     "CREATE STREAM clicks (user_id TEXT, page TEXT, event_time TIMESTAMP, \
                      duration_s DOUBLE PRECISION) WITH (format = 'json', path = '{}', \
                      max_files_per_trigger = {});
-                     CREATE SINK out WITH ({with}) AS {query};
-                     CREATE MATERIALIZED VIEW view_out WITH ({with}) AS {query}",
+                     {objects}",
                     landing.display(),
                     v.max_files,
                 ))
                 .await
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
-        } else {
+        } else if spark.is_none() {
             client
                 .batch_execute("START SINK out; START MATERIALIZED VIEW view_out")
                 .await
                 .unwrap();
+        } else {
+            client.batch_execute("START SINK out").await.unwrap();
         }
-        client
-            .batch_execute("FLUSH SINK out; FLUSH MATERIALIZED VIEW view_out")
-            .await
-            .unwrap_or_else(|e| panic!("{what}: {e}\n{}", server.log()));
+        if spark.is_none() {
+            client
+                .batch_execute("FLUSH SINK out; FLUSH MATERIALIZED VIEW view_out")
+                .await
+                .unwrap_or_else(|e| panic!("{what}: {e}\n{}", server.log()));
+        } else {
+            // The run on Spark ends by itself (available_now, once): awaited by its run id,
+            // since the status of the run before may still read finished.
+            wait_spark_run(&client, &what).await;
+        }
         let expected = case
             .join("expected")
             .join(variant)
@@ -236,7 +265,12 @@ async fn check_variant(case: &Path, runs: &[String], variant: &str, v: &Variant)
             }
             _ => read_csv(&expected.join("output.csv")),
         };
-        for query in ["out", "view_out"] {
+        let queries: &[&str] = if spark.is_none() {
+            &["out", "view_out"]
+        } else {
+            &["out"]
+        };
+        for &query in queries {
             let what = format!("{what} / {query}");
             // batches.csv
             let got: Vec<Vec<String>> = rows(
@@ -318,6 +352,11 @@ async fn check_variant(case: &Path, runs: &[String], variant: &str, v: &Variant)
                 );
             }
 
+            let table = table_rows(&client, query).await;
+            assert_eq!(table, want_table, "{what}: the rows");
+            if spark.is_some() {
+                continue;
+            }
             // changelog.csv: rows emitted per batch.
             let mut per_batch: BTreeMap<String, u64> = BTreeMap::new();
             for r in &changelog {
@@ -341,12 +380,34 @@ async fn check_variant(case: &Path, runs: &[String], variant: &str, v: &Variant)
                 .map(|(b, _)| (b.clone(), per_batch.get(b).copied().unwrap_or(0)))
                 .collect();
             assert_eq!(got_out, want_out, "{what}: rows emitted per batch");
-            let table = table_rows(&client, query).await;
-            assert_eq!(table, want_table, "{what}: the rows");
         }
         drop(client);
         server.stop().await;
     }
+}
+
+/// Waits for the run of sink `out` on Spark that this server started to finish: a
+/// finished status with a run id this server's registry got from Spark.
+async fn wait_spark_run(client: &Client, what: &str) {
+    crate::harness::poll(&format!("{what}: the run on Spark"), || async {
+        let r = rows(
+            client,
+            "SELECT status, run_id, error FROM tidemark.queries WHERE name = 'out'",
+        )
+        .await;
+        let (status, run) = (r[0][0].as_deref(), r[0][1].as_deref());
+        assert_ne!(status, Some("failed"), "{what}: {:?}", r[0][2]);
+        let reported = rows(
+            client,
+            &format!(
+                "SELECT count(*) FROM tidemark.progress WHERE name = 'out' AND run_id = '{}'",
+                run.unwrap_or("")
+            ),
+        )
+        .await;
+        (status == Some("finished") && reported[0][0].as_deref() != Some("0")).then_some(())
+    })
+    .await;
 }
 
 /// Adds to `differences` each field of Spark's report `spark` that `ours` lacks or holds
@@ -410,15 +471,10 @@ fn cases() -> Vec<PathBuf> {
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn spark_cases_match() {
-    let filter = std::env::var("TIDEMARK_ORACLE").unwrap_or_default();
-    let cases = cases();
-    assert!(!cases.is_empty(), "no oracle cases with expected outputs");
-    for case in cases
-        .iter()
-        .filter(|c| c.to_string_lossy().contains(&filter))
-    {
+/// Every variant of every case: the case, its runs, the variant's name and settings.
+pub(crate) fn variants() -> Vec<(PathBuf, Vec<String>, String, Variant)> {
+    let mut out = Vec::new();
+    for case in cases() {
         let spec: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(case.join("case.json")).unwrap())
                 .unwrap();
@@ -435,10 +491,31 @@ async fn spark_cases_match() {
                 .iter()
                 .map(|a| a.as_str().unwrap().to_string())
                 .collect();
-            let v = parse_variant(&args);
-            eprintln!("oracle case {} / {variant}", case.display());
-            check_variant(case, &runs, variant, &v).await;
+            out.push((
+                case.clone(),
+                runs.clone(),
+                variant.clone(),
+                parse_variant(&args),
+            ));
         }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spark_cases_match() {
+    let filter = std::env::var("TIDEMARK_ORACLE").unwrap_or_default();
+    let variants = variants();
+    assert!(
+        !variants.is_empty(),
+        "no oracle cases with expected outputs"
+    );
+    for (case, runs, variant, v) in variants
+        .iter()
+        .filter(|(c, ..)| c.to_string_lossy().contains(&filter))
+    {
+        eprintln!("oracle case {} / {variant}", case.display());
+        check_variant(case, runs, variant, v, None).await;
     }
 }
 

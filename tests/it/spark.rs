@@ -953,3 +953,33 @@ async fn local_sinks_move_to_spark_where_they_stopped() {
     assert_eq!(after[..2], local[..], "{after:?}");
     server.stop().await;
 }
+
+/// The oracle cases (`tests/oracle/cases`: input files run by run, and what Spark made of
+/// them when the oracle ran) on Spark through Spark Connect: each append-mode variant as a
+/// Parquet sink with `engine = 'spark'`, run after run (Tidemark restarted between runs,
+/// the sink started again), must give Spark's recorded rows and batches. Complete and
+/// update variants need a sink Spark's file sinks are not (the oracle used foreachBatch);
+/// `oracle::spark_cases_match` runs them locally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oracle_cases_match_on_spark_connect() {
+    if !prerequisites() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let connect = ConnectServer::start(&tmp.path().join("spark"), 0);
+    let mut checked = Vec::new();
+    for (case, runs, variant, v) in super::oracle::variants() {
+        if v.mode != "append" {
+            eprintln!(
+                "{} / {variant}: {} mode has no Spark file sink",
+                case.display(),
+                v.mode
+            );
+            continue;
+        }
+        eprintln!("oracle case {} / {variant} on Spark", case.display());
+        super::oracle::check_variant(&case, &runs, &variant, &v, Some(&connect.remote())).await;
+        checked.push(case);
+    }
+    assert!(checked.len() >= 7, "append variants checked: {checked:?}");
+}
