@@ -51,6 +51,11 @@ pub struct SparkTask {
 struct SessionFile {
     session_id: String,
     query: Option<QueryIds>,
+    /// The newest report announced (LISTEN events, metrics): after a restart, Spark's
+    /// recent reports up to it fill `tidemark.progress` again without being announced
+    /// twice.
+    #[serde(default)]
+    announced: Option<Seen>,
 }
 
 impl SessionFile {
@@ -67,6 +72,7 @@ impl SessionFile {
             .unwrap_or_else(|| SessionFile {
                 session_id: Uuid::new_v4().to_string(),
                 query: None,
+                announced: None,
             })
     }
 
@@ -90,7 +96,7 @@ pub fn saved_ids(def: &SinkDef) -> Option<(Uuid, Uuid)> {
 /// The newest report taken so far: the query's id, and its place in the query's order
 /// (Spark's reports are ordered by batch id, then by time: idle reports repeat the batch
 /// id).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Seen {
     query: Uuid,
     at: (u64, i64),
@@ -154,7 +160,7 @@ async fn run_inner(mut task: SparkTask) -> Result<Outcome> {
             Ok((mut session, ids)) => {
                 retry_wait = Duration::from_millis(100);
                 task.registry.update(&def.name, |s| s.error = None);
-                match watch_query(&mut task, &mut session, &ids, &mut seen).await {
+                match watch_query(&mut task, &mut session, &ids, &mut seen, &mut file).await {
                     // A stopped query's ids stay in the file: SHOW QUERIES shows them after
                     // a restart, and START, not finding it active, starts it again.
                     Ok(Some(outcome)) => return Ok(outcome),
@@ -240,13 +246,14 @@ async fn watch_query(
     session: &mut Session,
     ids: &QueryIds,
     seen: &mut Option<Seen>,
+    file: &mut SessionFile,
 ) -> Result<Option<Outcome>> {
     loop {
-        take_progress(task, session, ids, seen).await?;
+        take_progress(task, session, ids, seen, file).await?;
         let state = session.status(ids).await?;
         if !state.is_active {
             // Reports made between the two calls.
-            take_progress(task, session, ids, seen).await?;
+            take_progress(task, session, ids, seen, file).await?;
             return Ok(Some(match session.exception(ids).await? {
                 Some(message) => Outcome::Failed(Error::Spark {
                     lost: false,
@@ -263,7 +270,7 @@ async fn watch_query(
         if let Some(reason) = asked {
             if reason == StopReason::User {
                 session.stop(ids).await?;
-                take_progress(task, session, ids, seen).await?;
+                take_progress(task, session, ids, seen, file).await?;
             }
             return Ok(Some(Outcome::Stopped(reason)));
         }
@@ -294,12 +301,14 @@ impl ReportKey {
 }
 
 /// Publishes the reports Spark made since the last one taken. Asks for the last report
-/// first (small), and for the recent ones (up to 100) only when it is new.
+/// first (small), and for the recent ones (up to 100) only when it is new. Reports an
+/// earlier Tidemark process announced (`file.announced`) only fill the registry again.
 async fn take_progress(
     task: &SparkTask,
     session: &mut Session,
     ids: &QueryIds,
     seen: &mut Option<Seen>,
+    file: &mut SessionFile,
 ) -> Result<()> {
     let name = &task.def.name;
     let Some(last) = session.last_progress(ids).await? else {
@@ -308,6 +317,7 @@ async fn take_progress(
     if !ReportKey::is_new(&last, seen) {
         return Ok(());
     }
+    let mut announced = false;
     for json in session.recent_progress(ids).await? {
         if !ReportKey::is_new(&json, seen) {
             continue;
@@ -328,7 +338,18 @@ async fn take_progress(
         if !key.is_after(seen) {
             continue;
         }
-        *seen = Some(key);
+        *seen = Some(key.clone());
+        if !key.is_after(&file.announced) {
+            task.registry.update(name, |s| {
+                if !p.idle {
+                    s.last_batch_id = Some(p.batch_id);
+                }
+            });
+            p.name = name.clone();
+            task.registry.push_progress(p);
+            continue;
+        }
+        file.announced = Some(key);
         // Reported under the sink's name, whatever Spark calls it.
         p.name = name.clone();
         super::metrics::record(&p);
@@ -360,6 +381,10 @@ async fn take_progress(
             task.registry.push_progress((*p).clone());
             task.registry.post(ListenerEvent::Progress(p));
         }
+        announced = true;
+    }
+    if announced {
+        file.save(&task.def)?;
     }
     Ok(())
 }

@@ -947,6 +947,35 @@ async fn local_sinks_move_to_spark_where_they_stopped() {
             (n == want).then_some(())
         })
         .await;
+        if kill {
+            // Spark's recent reports fill tidemark.progress again (batches 0-2 of the
+            // rebuilt run), but only those made after the restart are announced again.
+            let (_, _, run, _) = status(&c, "open_win").await;
+            let r = rows(
+                &c,
+                &format!(
+                    "SELECT count(DISTINCT batch_id) FILTER (WHERE batch_id <= 2), \
+                     max(batch_id) FROM tidemark.progress WHERE name = 'open_win' AND \
+                     run_id = '{run}'"
+                ),
+            )
+            .await;
+            assert_eq!(r[0][0], s("3"), "the earlier reports: {r:?}");
+            let newest: i64 = r[0][1].as_deref().unwrap().parse().unwrap();
+            let http = server.http.clone().expect("the HTTP server");
+            let (_, metrics) = super::monitoring::http_get(&http, "/metrics").await;
+            let announced: i64 = metrics
+                .lines()
+                .find_map(|l| l.strip_prefix("tidemark_query_batches_total{query=\"open_win\"} "))
+                .expect("open_win's batch counter")
+                .trim()
+                .parse()
+                .unwrap();
+            assert!(
+                (1..=newest - 2).contains(&announced),
+                "{announced} batches announced after the restart, newest batch {newest}"
+            );
+        }
     }
     let c = server.connect().await;
     let after = rows(&c, "SELECT * FROM open_win ORDER BY 1, 2").await;
