@@ -10,7 +10,8 @@ process, in one run; the outputs compared.
 --query seed (the default): five-minute page-view windows (count, sum of duration), a
 ten-minute watermark. --query churn: benches/state_churn.sh's query, (10-minute window,
 user) groups with a 1-minute watermark over 5 M events with 1 M users, one file a batch
-for Tidemark (its Spark side is benches/spark_churn.py, not run here). Tidemark runs it as the README's seed sink (append, available_now,
+for Tidemark and Spark (benches/spark_churn.py, whose closed windows and their events
+are compared, not its rows). Tidemark runs it as the README's seed sink (append, available_now,
 max_files_per_trigger 10, a Delta sink, the rows copied out to CSV); Flink as Flink SQL
 (a TUMBLE window TVF, a filesystem CSV sink, parallelism 2) in batch mode (the
 like-for-like answer: no row is late in batch mode), in streaming mode over the bounded
@@ -319,6 +320,22 @@ def spark(args, landing, work):
     return dict(wall=wall, job=job, cpu=cpu, rss=rss, rows=canonical(rows))
 
 
+def spark_churn(args, landing, work):
+    """benches/spark_churn.py (the churn query on Spark, Parquet sink): its rows are not
+    read back, only the closed windows and their events, which `rows` stands for."""
+    run = os.path.join(work, "spark")
+    shutil.rmtree(run, ignore_errors=True)
+    os.makedirs(run)
+    with open(os.path.join(run, "log.txt"), "w") as log:
+        wall, cpu, rss, stdout = run_measured(
+            [args.pyspark, os.path.join(ROOT, "benches", "spark_churn.py"), landing, run],
+            log=log)
+    out = json.loads(stdout.strip().splitlines()[-1])
+    return dict(wall=wall, job=out["query_s"], cpu=cpu, rss=rss,
+                counts=(out["closed_windows"], out["events_in_closed_windows"]),
+                rows=[])
+
+
 def churn_files(workdir):
     """benches/state_churn.sh's files (5 M events in 100 files, in event-time order over one
     day, user ids drawn from 1 M), made the same way, in `<workdir>/churn-landing`."""
@@ -380,8 +397,6 @@ def main():
         subprocess.check_call([os.path.join(args.flink_venv, "bin", "pip"), "install", "-q",
                                "--prefer-binary", "apache-flink==2.3.0"])
     if args.query == "churn":
-        if "spark" in engines:
-            raise SystemExit("the churn query's Spark side is benches/spark_churn.py")
         landing = churn_files(args.workdir)
     else:
         landing = os.path.join(args.workdir, f"landing-{args.events}")
@@ -400,6 +415,8 @@ def main():
         for e in engines:
             if e == "tidemark":
                 res = tidemark(args, landing, work)
+            elif e == "spark" and args.query == "churn":
+                res = spark_churn(args, landing, work)
             elif e == "spark":
                 res = spark(args, landing, work)
             elif e == "flink-monitor":
@@ -409,17 +426,19 @@ def main():
                 res = flink(args, landing, work, e.split("-")[1])
             results.setdefault(e, []).append(res)
             job = f"{res['job']:.2f}s" if res["job"] else "-"
+            windows = res["counts"][0] if "counts" in res else len(res["rows"])
             print(f"run {r + 1} {e:16} wall {res['wall']:6.2f}s job {job:>7} "
                   f"cpu {res['cpu']:6.2f}s peak RSS {res['rss']:6.0f} MiB "
-                  f"windows {len(res['rows'])}", flush=True)
+                  f"windows {windows}", flush=True)
     print()
     print("| engine | wall (best) | job | CPU s | peak RSS | windows |")
     print("| --- | --- | --- | --- | --- | --- |")
     for e, runs in results.items():
         best = min(runs, key=lambda x: x["wall"])
         job = f"{best['job']:.2f} s" if best["job"] else "-"
+        windows = best["counts"][0] if "counts" in best else len(best["rows"])
         print(f"| {e} | {best['wall']:.2f} s | {job} | {best['cpu']:.2f} | "
-              f"{best['rss']:.0f} MiB | {len(best['rows']):,} |")
+              f"{best['rss']:.0f} MiB | {windows:,} |")
     # Outputs.
     base = results.get("tidemark", [None])[0]
     if base:
@@ -433,6 +452,13 @@ def main():
                     assert res["rows"] == runs[0]["rows"], f"{e}: repeats differ"
             rows = runs[0]["rows"]
             if e == "tidemark":
+                continue
+            if "counts" in runs[0]:
+                mine = (len(base["rows"]), sum(r[-2] for r in base["rows"]))
+                same = runs[0]["counts"] == mine
+                print(f"{e}: closed windows and their events {runs[0]['counts']}, "
+                      f"Tidemark's {mine}: {'equal' if same else 'DIFFERENT'}")
+                assert same, e
                 continue
             mine, theirs = set(base["rows"]), set(rows)
             extra = theirs - mine
