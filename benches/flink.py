@@ -336,10 +336,11 @@ def spark_churn(args, landing, work):
                 rows=[])
 
 
-def churn_files(workdir):
-    """benches/state_churn.sh's files (5 M events in 100 files, in event-time order over one
-    day, user ids drawn from 1 M), made the same way, in `<workdir>/churn-landing`."""
-    landing = os.path.join(workdir, "churn-landing")
+def churn_files(workdir, name="churn-landing"):
+    """The state-churn files (5 M events in 100 files, in event-time order over one day,
+    user ids drawn from 1 M), made once in `<workdir>/<name>`; benches/state_churn.sh makes
+    its own through here too."""
+    landing = os.path.join(workdir, name)
     if os.path.isdir(landing):
         return landing
     import random

@@ -16,27 +16,9 @@ set -euo pipefail
 STORE=${1:-memory}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${BENCH_DIR:-/tmp/state-churn}
-LANDING=$WORK/landing
-if [ ! -d "$LANDING" ]; then
-    mkdir -p "$LANDING.tmp"
-    python3 - "$LANDING.tmp" <<'PY'
-import os, random, sys, time
-out = sys.argv[1]
-random.seed(3)
-base, files, per = 1781049600, 100, 50000  # 2026-06-10T00:00:00Z
-now = time.time() - 3600
-for f in range(files):
-    path = os.path.join(out, "part-%04d.json" % f)
-    with open(path, "w") as fh:
-        for i in range(per):
-            t = base + (f * per + i) * 86400 // (files * per)
-            fh.write('{"user_id":"u%d","event_time":"%s","amount":%d}\n' % (
-                random.randrange(1000000), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)),
-                i % 100))
-    os.utime(path, (now + f, now + f))
-PY
-    mv "$LANDING.tmp" "$LANDING"
-fi
+# The files (made once): benches/flink.py's churn_files, which its --query churn reads too.
+LANDING=$(python3 -c "import sys; sys.path.insert(0, '$ROOT/benches'); import flink; \
+print(flink.churn_files('$WORK', 'landing'))")
 [ -n "${SKIP_BUILD:-}" ] || (cd "$ROOT" && cargo build --release --features rocksdb --quiet)
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/tidemark
 RUN=$WORK/tidemark-$STORE

@@ -730,6 +730,17 @@ async fn inputs_from(
     .await
 }
 
+/// Waits until `sink` holds `want` rows, failing if it ever holds more.
+async fn wait_count(c: &tokio_postgres::Client, sink: &str, want: i64) {
+    super::harness::poll(&format!("{sink} to hold {want} rows"), || async {
+        let n = rows(c, &format!("SELECT count(*) FROM {sink}")).await[0][0].clone();
+        let n: i64 = n.unwrap().parse().unwrap();
+        assert!(n <= want, "{sink} holds {n} rows");
+        (n == want).then_some(())
+    })
+    .await;
+}
+
 async fn alter_error(c: &tokio_postgres::Client, sql: &str) -> (String, String) {
     let e = c.batch_execute(sql).await.expect_err(sql);
     let db = e.as_db_error().expect("a server error");
@@ -889,13 +900,7 @@ async fn local_sinks_move_to_spark_where_they_stopped() {
     c.batch_execute(&move_sql.replace(")", ", from = 'beginning')"))
         .await
         .unwrap();
-    super::harness::poll("open_win rebuilt on Spark", || async {
-        let n = rows(&c, "SELECT count(*) FROM open_win").await[0][0].clone();
-        let n: i64 = n.unwrap().parse().unwrap();
-        assert!(n <= 2, "open_win holds {n} rows");
-        (n == 2).then_some(())
-    })
-    .await;
+    wait_count(&c, "open_win", 2).await;
     assert_eq!(
         rows(&c, "SELECT * FROM open_win ORDER BY 1, 2").await,
         local
@@ -940,13 +945,7 @@ async fn local_sinks_move_to_spark_where_they_stopped() {
             40 - round * 5,
         );
         let want = round as i64;
-        super::harness::poll("open_win's next window", || async {
-            let n = rows(&c, "SELECT count(*) FROM open_win").await[0][0].clone();
-            let n: i64 = n.unwrap().parse().unwrap();
-            assert!(n <= want, "open_win holds {n} rows");
-            (n == want).then_some(())
-        })
-        .await;
+        wait_count(&c, "open_win", want).await;
         if kill {
             // Spark's recent reports fill tidemark.progress again (batches 0-2 of the
             // rebuilt run), but only those made after the restart are announced again.
