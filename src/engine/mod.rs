@@ -1178,6 +1178,14 @@ impl Engine {
             return Err(Error::WrongState("the server is shutting down".into()));
         }
         let streams: Vec<StreamDef> = sink_streams_of(def, cat)?.into_iter().cloned().collect();
+        // A sink over a broken stream fails here, not later in its task, so the status is
+        // `failed` as soon as the start returns (server start, START SINK).
+        if let Some((s, b)) = streams
+            .iter()
+            .find_map(|s| s.broken.as_ref().map(|b| (s, b)))
+        {
+            return Err(b.error("stream", &s.name));
+        }
         let table_logs = def
             .streams
             .iter()

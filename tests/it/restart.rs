@@ -818,6 +818,9 @@ async fn a_broken_object_leaves_the_server_up_and_is_mended_by_drop() {
             .contains("no_such_option"),
         "{q:?}"
     );
+    // Starting it again gets the stream's error.
+    let e = c.simple_query("START SINK copy").await.unwrap_err();
+    assert_eq!(e.code().map(|c| c.code()), Some("22023"), "{e:?}");
     // Its name stays taken; the catalog file still holds it.
     let e = c
         .simple_query("CREATE STREAM bad (x TEXT)")
