@@ -927,6 +927,15 @@ async fn local_sinks_move_to_spark_where_they_stopped() {
     // again: the sinks are on Spark, and the rebuilt sink goes on taking new files there.
     for (round, kill) in [(3, true), (4, false)] {
         if kill {
+            // Reports are shown before they are marked announced on disk (a crash in
+            // between repeats them, never loses them): wait for the mark of batch 2.
+            let session = data.join("checkpoints/open_win/spark-session.json");
+            super::harness::poll("batch 2 marked announced", || async {
+                let text = std::fs::read_to_string(&session).ok()?;
+                let file: serde_json::Value = serde_json::from_str(&text).ok()?;
+                (file["announced"]["at"][0].as_i64()? >= 2).then_some(())
+            })
+            .await;
             server.kill().await;
         } else {
             server.stop().await;
@@ -949,15 +958,22 @@ async fn local_sinks_move_to_spark_where_they_stopped() {
         if kill {
             // Spark's recent reports fill tidemark.progress again (batches 0-2 of the
             // rebuilt run), but only those made after the restart are announced again.
+            // The rows are read from Spark's output, which can be ahead of the reports
+            // polled from Spark: wait for the report of a batch after the restart.
             let (_, _, run, _) = status(&c, "open_win").await;
-            let r = rows(
-                &c,
-                &format!(
-                    "SELECT count(DISTINCT batch_id) FILTER (WHERE batch_id <= 2), \
-                     max(batch_id) FROM tidemark.progress WHERE name = 'open_win' AND \
-                     run_id = '{run}'"
-                ),
-            )
+            let r = super::harness::poll("a report made after the restart", || async {
+                let r = rows(
+                    &c,
+                    &format!(
+                        "SELECT count(DISTINCT batch_id) FILTER (WHERE batch_id <= 2), \
+                         max(batch_id) FROM tidemark.progress WHERE name = 'open_win' AND \
+                         run_id = '{run}'"
+                    ),
+                )
+                .await;
+                let newest = r[0][1].as_deref().and_then(|v| v.parse::<i64>().ok());
+                newest.is_some_and(|b| b >= 3).then_some(r)
+            })
             .await;
             assert_eq!(r[0][0], s("3"), "the earlier reports: {r:?}");
             let newest: i64 = r[0][1].as_deref().unwrap().parse().unwrap();
