@@ -7,6 +7,7 @@
 
 pub mod avro;
 pub mod copy;
+pub mod json;
 pub mod manifest;
 
 use std::fs::File;
@@ -335,14 +336,28 @@ impl FileDecoder {
 
     /// A JSON or CSV file in one pass; any malformed record fails it. `header`: a CSV
     /// header line (if the format has one) opens the text; `header_line`: false for a piece after the first.
-    fn read_whole(&self, input: impl BufRead, header_line: bool) -> Result<Vec<RecordBatch>> {
+    fn read_whole(&self, mut input: impl BufRead, header_line: bool) -> Result<Vec<RecordBatch>> {
         let data_schema = self.data_schema();
         let batches: Vec<RecordBatch> = match &self.format {
-            FileFormat::Json => datafusion::arrow::json::ReaderBuilder::new(data_schema.clone())
-                .with_batch_size(BATCH_SIZE)
-                .with_coerce_primitive(true)
-                .build(input)?
-                .collect::<std::result::Result<_, _>>()?,
+            FileFormat::Json => {
+                let mut text = Vec::new();
+                input
+                    .read_to_end(&mut text)
+                    .map_err(|e| Error::io("reading JSON", e))?;
+                // The fast path; it declines what arrow-json should decide (json.rs).
+                let fast = json::enabled()
+                    .then(|| json::FlatJson::new(&data_schema))
+                    .flatten()
+                    .and_then(|d| d.decode(&text, BATCH_SIZE));
+                match fast {
+                    Some(batches) => batches,
+                    None => datafusion::arrow::json::ReaderBuilder::new(data_schema.clone())
+                        .with_batch_size(BATCH_SIZE)
+                        .with_coerce_primitive(true)
+                        .build(&text[..])?
+                        .collect::<std::result::Result<_, _>>()?,
+                }
+            }
             FileFormat::Csv { header, delimiter } => {
                 datafusion::arrow::csv::ReaderBuilder::new(data_schema.clone())
                     .with_header(*header && header_line)
