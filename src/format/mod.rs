@@ -116,6 +116,9 @@ const LINE_GROUP: usize = 1024;
 /// A JSON or CSV file is cut into pieces decoded on several threads only if each piece
 /// holds at least this many bytes; below that a thread costs more than it saves.
 const MIN_PIECE_BYTES: u64 = 4 << 20;
+/// The largest JSON file decoded from memory in one piece (with the fast path); a larger
+/// one read on one thread is streamed through arrow-json, so memory stays bounded.
+const MAX_WHOLE_JSON: u64 = 256 << 20;
 
 /// What reading one file gave.
 #[derive(Debug, Default)]
@@ -190,13 +193,23 @@ impl FileDecoder {
                 let pieces = usize::try_from(len / min_piece.max(1))
                     .unwrap_or(usize::MAX)
                     .min(threads);
-                if pieces > 1 {
+                // JSON is decoded from the whole text in memory (the fast path needs it), read
+                // in one go into a buffer of the file's size: no copies through a reader's
+                // buffer, no regrowing. CSV in one piece, and a JSON file too large to hold,
+                // are streamed.
+                let whole_json = matches!(self.format, FileFormat::Json) && len <= MAX_WHOLE_JSON;
+                if pieces > 1 || whole_json {
                     let mut text = Vec::with_capacity(len as usize);
                     std::io::Read::read_to_end(&mut &f, &mut text)
                         .map_err(|e| Error::io(format!("reading {}", file.display()), e))?;
-                    let batches = match self.read_pieces(&text, pieces) {
+                    let in_pieces = if pieces > 1 {
+                        self.read_pieces(&text, pieces)
+                    } else {
+                        None
+                    };
+                    let batches = match in_pieces {
                         Some(batches) => Ok(batches),
-                        None => self.read_whole(&text[..], true),
+                        None => self.read_whole(&text, true),
                     };
                     return match batches {
                         Ok(batches) => Ok(FileRead {
@@ -206,8 +219,8 @@ impl FileDecoder {
                         Err(_) => self.read_records(&text[..], &file_place(file)),
                     };
                 }
-                // Fast path: the whole file at once. Any error: again, record by record.
-                if let Ok(batches) = self.read_whole(BufReader::with_capacity(1 << 20, f), true) {
+                // Streamed in one pass. Any error: again, record by record.
+                if let Ok(batches) = self.read_streamed(BufReader::with_capacity(1 << 20, f)) {
                     return Ok(FileRead {
                         batches,
                         ..FileRead::default()
@@ -334,32 +347,50 @@ impl FileDecoder {
         })
     }
 
-    /// A JSON or CSV file in one pass; any malformed record fails it. `header`: a CSV
-    /// header line (if the format has one) opens the text; `header_line`: false for a piece after the first.
-    fn read_whole(&self, mut input: impl BufRead, header_line: bool) -> Result<Vec<RecordBatch>> {
+    /// JSON or CSV text in one pass; any malformed record fails it. `header_line`: a CSV
+    /// header line (if the format has one) opens the text; false for a piece after the
+    /// first.
+    fn read_whole(&self, text: &[u8], header_line: bool) -> Result<Vec<RecordBatch>> {
+        let FileFormat::Json = &self.format else {
+            return self.read_streamed_from(text, header_line);
+        };
         let data_schema = self.data_schema();
-        let batches: Vec<RecordBatch> = match &self.format {
-            FileFormat::Json => {
-                let mut text = Vec::new();
-                input
-                    .read_to_end(&mut text)
-                    .map_err(|e| Error::io("reading JSON", e))?;
-                // The fast path; it declines what arrow-json should decide (json.rs).
-                let fast = json::enabled()
-                    .then(|| json::FlatJson::new(&data_schema))
-                    .flatten()
-                    .and_then(|d| d.decode(&text, BATCH_SIZE));
-                match fast {
-                    Some(batches) => batches,
-                    None => datafusion::arrow::json::ReaderBuilder::new(data_schema.clone())
-                        .with_batch_size(BATCH_SIZE)
-                        .with_coerce_primitive(true)
-                        .build(&text[..])?
-                        .collect::<std::result::Result<_, _>>()?,
-                }
-            }
+        // The fast path; it declines what arrow-json should decide (json.rs).
+        let fast = json::enabled()
+            .then(|| json::FlatJson::new(&data_schema))
+            .flatten()
+            .and_then(|d| d.decode(text, BATCH_SIZE));
+        let batches = match fast {
+            Some(batches) => batches,
+            None => datafusion::arrow::json::ReaderBuilder::new(data_schema)
+                .with_batch_size(BATCH_SIZE)
+                .with_coerce_primitive(true)
+                .build(text)?
+                .collect::<std::result::Result<_, _>>()?,
+        };
+        self.with_corrupt_column(batches)
+    }
+
+    /// A whole JSON or CSV file from `input` in one pass, streamed (arrow-json or
+    /// arrow-csv alone); any malformed record fails it.
+    fn read_streamed(&self, input: impl BufRead) -> Result<Vec<RecordBatch>> {
+        self.read_streamed_from(input, true)
+    }
+
+    /// [`FileDecoder::read_streamed`]; `header_line` as in [`FileDecoder::read_whole`].
+    fn read_streamed_from(
+        &self,
+        input: impl BufRead,
+        header_line: bool,
+    ) -> Result<Vec<RecordBatch>> {
+        let batches = match &self.format {
+            FileFormat::Json => datafusion::arrow::json::ReaderBuilder::new(self.data_schema())
+                .with_batch_size(BATCH_SIZE)
+                .with_coerce_primitive(true)
+                .build(input)?
+                .collect::<std::result::Result<_, _>>()?,
             FileFormat::Csv { header, delimiter } => {
-                datafusion::arrow::csv::ReaderBuilder::new(data_schema.clone())
+                datafusion::arrow::csv::ReaderBuilder::new(self.data_schema())
                     .with_header(*header && header_line)
                     .with_delimiter(*delimiter)
                     .with_batch_size(BATCH_SIZE)
@@ -368,6 +399,11 @@ impl FileDecoder {
             }
             _ => return Err(Error::Internal("not a record format".into())),
         };
+        self.with_corrupt_column(batches)
+    }
+
+    /// The records' batches in the declared schema: `_corrupt_record`, if declared, null.
+    fn with_corrupt_column(&self, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
         let corrupt_idx = self.schema.index_of(CORRUPT_RECORD).ok();
         batches
             .into_iter()
@@ -1100,6 +1136,14 @@ mod tests {
         let cfg = config(FileFormat::Json, ParseMode::FailFast, true);
         let whole = rows(&cfg.read(&file).unwrap());
         assert_eq!(whole.len(), 5000);
+        // A JSON file too large to hold in memory is streamed through arrow-json alone.
+        let streamed = FileRead {
+            batches: cfg
+                .read_streamed(&std::fs::read(&file).unwrap()[..])
+                .unwrap(),
+            ..FileRead::default()
+        };
+        assert_eq!(rows(&streamed), whole);
         for threads in [2, 3, 7] {
             let pieces = cfg.read_pieces(&std::fs::read(&file).unwrap(), threads);
             assert!(pieces.is_some(), "{threads}");
