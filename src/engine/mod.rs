@@ -1129,6 +1129,9 @@ impl Engine {
         })?;
         *slot = def.clone();
         cat.save(&self.data_dir)?;
+        // With from = 'beginning', the old output goes before the statement returns, so
+        // no read after it sees the local rows (the task clears it after a crash here).
+        handover::clear_pending_output(&def, &spark_checkpoint(&def))?;
         tracing::info!(sink = %name, start = ?start, "moved to Spark");
         self.registry.update(name, |s| {
             s.engine = "spark";
