@@ -86,7 +86,9 @@ impl ReadAhead {
     }
 
     /// Starts decoding the guessed files in the background, in order, as many at a time as
-    /// there are cores (the batch under way shares them).
+    /// there are cores (the batch under way shares them); with fewer files than cores, each
+    /// on its share of the cores (a large file is cut into pieces, as a batch's own read
+    /// does), so one large file a batch is not decoded on one core.
     pub fn start(&self, decoder: Arc<FileDecoder>) {
         let mut state = self.state();
         let files = std::mem::take(&mut state.next);
@@ -109,6 +111,8 @@ impl ReadAhead {
         if work.is_empty() {
             return;
         }
+        let cores = crate::config::parallelism();
+        let threads = (cores / work.len()).max(1);
         let decode = move |(path, claimed, tx): (PathBuf, Arc<AtomicBool>, oneshot::Sender<_>)| {
             let decoder = decoder.clone();
             async move {
@@ -121,7 +125,7 @@ impl ReadAhead {
                 let decoded = tokio::task::spawn_blocking(move || {
                     // A file that is gone is not read ahead: its batch counts it missing.
                     let was = stamp(&path)?;
-                    Some((was, decoder.read(&path)))
+                    Some((was, decoder.read_on(&path, threads)))
                 })
                 .await;
                 if let Ok(Some(decoded)) = decoded {
@@ -129,9 +133,7 @@ impl ReadAhead {
                 }
             }
         };
-        tokio::spawn(
-            futures::stream::iter(work).for_each_concurrent(crate::config::parallelism(), decode),
-        );
+        tokio::spawn(futures::stream::iter(work).for_each_concurrent(cores, decode));
     }
 
     /// Takes `path`'s read-ahead, if its decode has started; `None`: the caller decodes it
