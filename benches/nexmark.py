@@ -93,10 +93,10 @@ COLUMNS = {
 WATERMARK = "WATERMARK FOR date_time AS date_time - INTERVAL '4 seconds'"
 
 
-def generate_files(binary, events, batch, out):
-    """Lands each of the three streams of `events` events as Parquet files in out/<table>, one
-    file per batch of `batch` events, through a Parquet sink (Spark's file-sink layout), for
-    Spark and for --files runs."""
+def generate_files(binary, events, batch, out, fmt="parquet"):
+    """Lands each of the three streams of `events` events as `fmt` (parquet or json) files in
+    out/<table>, one file per batch of `batch` events, through a file sink (Spark's
+    file-sink layout), for Spark's and Flink's runs and for --files runs."""
     for table in COLUMNS:
         work = tempfile.mkdtemp(prefix="nexmark-gen-")
         script = os.path.join(work, "gen.sql")
@@ -104,7 +104,7 @@ def generate_files(binary, events, batch, out):
             f.write(f"""
 CREATE STREAM {table} WITH (connector = 'nexmark', table = '{table}', max_events = {events},
     events_per_batch = {batch});
-CREATE SINK {table}_files WITH (connector = 'parquet', path = '{out}/{table}',
+CREATE SINK {table}_files WITH (connector = '{fmt}', path = '{out}/{table}',
     trigger = 'available_now') AS SELECT * FROM {table};
 """)
         subprocess.run([binary, "run", script, "--data-dir", os.path.join(work, "data")],

@@ -4,7 +4,7 @@
     python benches/spark_latency.py LANDING WORK
 
 readStream.json(LANDING), a 10-minute watermark, 5-minute windows per page, count and sum,
-append mode into parquet (WORK/sink, checkpoint WORK/checkpoint), trigger processingTime
+append mode into JSON files (WORK/sink, checkpoint WORK/checkpoint), trigger processingTime
 1 second; local[2], 2 shuffle partitions. Writes WORK/ready once the query has run its
 first trigger, runs until WORK/stop exists, then writes every progress report to
 WORK/progress.json and stops.
@@ -31,7 +31,7 @@ q = (clicks.withWatermark("event_time", "10 minutes")
      .agg(F.count(F.lit(1)).alias("views"), F.sum("duration_s").alias("total_duration_s"))
      .select(F.col("w.start").alias("window_start"), F.col("w.end").alias("window_end"),
              "page", "views", "total_duration_s")
-     .writeStream.outputMode("append").format("parquet")
+     .writeStream.outputMode("append").format("json")
      .option("checkpointLocation", work + "/checkpoint")
      .trigger(processingTime="1 second").start(work + "/sink"))
 while not q.recentProgress:
