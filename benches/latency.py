@@ -162,7 +162,6 @@ def checkpoint_lags(watch, landed):
     """(lag seconds per file landed after the warm-up, files read more than once, counted
     batch ids) from Spark's checkpoint layout, as `watch` (a CheckpointWatcher) saw it."""
     ckpt = watch.ckpt
-    watch.poll()
     commit_time = dict(watch.commit_time)
     # A file entry's `batchId` is the source's own log offset, which falls behind the
     # query's batch id after a batch without new files (a no-data batch that moves the
@@ -243,11 +242,15 @@ def visible_spark_layout(sink):
             for line in open(os.path.join(log, f)).read().splitlines()[1:]:
                 paths.add(json.loads(line)["path"].removeprefix("file://"))
     for path in paths:
-        at = os.stat(path).st_mtime
-        for row in open(path):
-            r = json.loads(row)
-            out[window_key(r)] = (at, int(r["views"]))
+        read_windows(path, os.stat(path).st_mtime, out)
     return out
+
+
+def read_windows(path, at, out):
+    """Adds each row of the JSON file `path` to `out` as {window: (at, views)}."""
+    for row in open(path):
+        r = json.loads(row)
+        out[window_key(r)] = (at, int(r["views"]))
 
 
 def visible_flink(sink):
@@ -259,10 +262,7 @@ def visible_flink(sink):
             if f.startswith((".", "_")):
                 continue
             path = os.path.join(root, f)
-            at = os.stat(path).st_ctime
-            for row in open(path):
-                r = json.loads(row)
-                out[window_key(r)] = (at, int(r["views"]))
+            read_windows(path, os.stat(path).st_ctime, out)
     return out
 
 
@@ -285,11 +285,29 @@ def window_lags(visible, landed):
     return lags
 
 
+def start_jvm_engine(name, python):
+    """Starts benches/<name>_latency.py with `python` on a fresh <work>/<name>/landing;
+    returns (its folder, the landing folder, the process) once it wrote `ready`."""
+    home = os.path.join(work, name)
+    shutil.rmtree(home, ignore_errors=True)
+    landing = os.path.join(home, "landing")
+    os.makedirs(landing)
+    proc = subprocess.Popen([python, os.path.join(HERE, f"{name}_latency.py"), landing, home],
+                            stdout=open(os.path.join(home, "log"), "w"),
+                            stderr=subprocess.STDOUT)
+    end = time.time() + 180
+    while not os.path.exists(os.path.join(home, "ready")):
+        if proc.poll() is not None or time.time() > end:
+            raise SystemExit(f"{name} did not start: " + os.path.join(home, "log"))
+        time.sleep(0.1)
+    return home, landing, proc
+
+
 def report(name, durations, lags, twice, wlags):
-    unit = "checkpoint" if name == "flink" else "batch"
+    unit, units = ("checkpoint", "checkpoints") if name == "flink" else ("batch", "batches")
     files = (f"   file lag s p50={pct(lags, .5):5.2f} p99={pct(lags, .99):5.2f} "
              f"max={max(lags):5.2f} files={len(lags)} read twice={twice}" if lags else "")
-    print(f"{name:8} {unit}s={len(durations):3}  {unit} ms p50={pct(durations, .5):6.0f} "
+    print(f"{name:8} {units}={len(durations):3}  {unit} ms p50={pct(durations, .5):6.0f} "
           f"p99={pct(durations, .99):6.0f} max={max(durations):6.0f}   "
           f"window lag s p50={pct(wlags, .5):5.2f} p99={pct(wlags, .99):5.2f} "
           f"max={max(wlags, default=float('nan')):5.2f} windows={len(wlags)}" + files)
@@ -356,17 +374,7 @@ visible = {"tidemark": visible_spark_layout(os.path.join(tm, "sink"))}
 results = [("tidemark", durations, lags, twice, in_rows, window_lags(visible["tidemark"], LANDED))]
 
 if args.spark:
-    sp = os.path.join(work, "spark")
-    shutil.rmtree(sp, ignore_errors=True)
-    landing = os.path.join(sp, "landing")
-    os.makedirs(landing)
-    proc = subprocess.Popen([args.spark, os.path.join(HERE, "spark_latency.py"), landing, sp],
-                            stdout=open(os.path.join(sp, "log"), "w"), stderr=subprocess.STDOUT)
-    end = time.time() + 180
-    while not os.path.exists(os.path.join(sp, "ready")):
-        if proc.poll() is not None or time.time() > end:
-            raise SystemExit("Spark did not start: " + os.path.join(sp, "log"))
-        time.sleep(0.1)
+    sp, landing, proc = start_jvm_engine("spark", args.spark)
     LANDED = {}
     watch = CheckpointWatcher(os.path.join(sp, "checkpoint"))
     feed(landing, LANDED)
@@ -383,17 +391,7 @@ if args.spark:
                     window_lags(visible["spark"], LANDED)))
 
 if args.flink:
-    fl = os.path.join(work, "flink")
-    shutil.rmtree(fl, ignore_errors=True)
-    landing = os.path.join(fl, "landing")
-    os.makedirs(landing)
-    proc = subprocess.Popen([args.flink, os.path.join(HERE, "flink_latency.py"), landing, fl],
-                            stdout=open(os.path.join(fl, "log"), "w"), stderr=subprocess.STDOUT)
-    end = time.time() + 180
-    while not os.path.exists(os.path.join(fl, "ready")):
-        if proc.poll() is not None or time.time() > end:
-            raise SystemExit("Flink did not start: " + os.path.join(fl, "log"))
-        time.sleep(0.1)
+    fl, landing, proc = start_jvm_engine("flink", args.flink)
     LANDED = {}
     feed(landing, LANDED)
     # Until the windows the last file closes are committed (or 60 s): the count the other
