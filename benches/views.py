@@ -24,7 +24,8 @@ reads: a view of one row per user (`GROUP BY user_id`, update mode) filled with 
   view exists and after it holds every group: the difference over GROUPS is the memory per
   group (view rows plus the operator's state, in the --store). Then a writer inserts RATE
   rows/s for random users while a reader looks one user up at a time; reported: the
-  lookup's round trip (p50, p99, max) and how many lookups ran.
+  lookup's round trip (p50, p99, max) and how many lookups ran, and the server's peak RSS
+  (VmHWM) over the whole run. With --store rocksdb the view's rows are in RocksDB too.
 
 postgres: the same ROWS clicks in a PostgreSQL table and in a Tidemark stream, and the same
   plain aggregate (views and total duration per page) as PostgreSQL's materialized view
@@ -117,11 +118,15 @@ class Server:
         return psycopg.connect(f"host=127.0.0.1 port={self.port} user=bench dbname=bench",
                                autocommit=True)
 
-    def rss_bytes(self):
+    def rss_bytes(self, field="VmRSS"):
         for line in open(f"/proc/{self.proc.pid}/status"):
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
-        raise SystemExit("no VmRSS")
+        raise SystemExit(f"no {field}")
+
+    def peak_rss_bytes(self):
+        """The server's peak RSS so far (VmHWM)."""
+        return self.rss_bytes("VmHWM")
 
     def stop(self):
         self.proc.terminate()
@@ -266,6 +271,9 @@ def reads():
     elapsed = time.time() - start
     print(f"reads/{args.store}: 1-row lookup on {args.groups:,} groups while writing "
           f"{counts.value / elapsed:,.0f} rows/s: {ms(lat)}")
+    print(f"reads/{args.store}: the server's peak RSS over the whole run "
+          f"{server.peak_rss_bytes() / 2**20:,.0f} MiB, RSS at the end "
+          f"{server.rss_bytes() / 2**20:,.0f} MiB")
     server.stop()
 
 

@@ -54,7 +54,11 @@ use super::{BatchInfo, QueryOutput, RowTime, Sink, SinkCommit, WriteMode};
 use crate::error::{Error, Result};
 use crate::fsutil;
 use crate::sql::options::{Options, parse_duration};
+use crate::state::StoreKind;
 use crate::types::BatchId;
+
+#[cfg(feature = "rocksdb")]
+mod rocks;
 
 /// How many batches the log holds before the contents are written as a snapshot.
 pub const SNAPSHOT_EVERY: u64 = 100;
@@ -74,14 +78,18 @@ static STORES: LazyLock<Mutex<HashMap<PathBuf, Arc<ViewStore>>>> =
 /// `output` describes; `options` are the view's (its `retention`).
 pub fn open(dir: &Path, output: &QueryOutput, options: &Options) -> Result<Arc<ViewStore>> {
     let retention = Retention::from_options(options, output)?;
+    let kind = StoreKind::parse(options.get("state_store").unwrap_or("memory"))?;
     let mut stores = STORES.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(s) = stores.get(dir)
         && s.output == *output
         && s.retention == retention
+        && s.kind == kind
     {
         return Ok(s.clone());
     }
-    let store = Arc::new(ViewStore::load(dir, output.clone(), retention)?);
+    // The old store's files go to the new one: its database closes first.
+    stores.remove(dir);
+    let store = Arc::new(ViewStore::load_in(dir, output.clone(), retention, kind)?);
     stores.insert(dir.to_path_buf(), store.clone());
     Ok(store)
 }
@@ -205,6 +213,11 @@ enum Contents {
         rows: imbl::OrdMap<RowBytes, RowBytes>,
         by_time: imbl::OrdSet<(i64, RowBytes)>,
     },
+    /// A keyed view in RocksDB (`state_store = 'rocksdb'`): the rows are on disk, read
+    /// through the store's reader, which sees the newest whole batch. Built only with the
+    /// rocksdb feature.
+    #[cfg_attr(not(feature = "rocksdb"), allow(dead_code))]
+    Stored { rows: u64 },
 }
 
 /// Rows of one batch.
@@ -221,6 +234,7 @@ impl Snapshot {
         match &self.contents {
             Contents::Rows(v) => v.iter().map(|c| c.rows.num_rows()).sum(),
             Contents::Keyed { rows, .. } => rows.len(),
+            Contents::Stored { rows } => usize::try_from(*rows).unwrap_or(usize::MAX),
         }
     }
 }
@@ -409,7 +423,12 @@ pub struct ViewStore {
     dir: PathBuf,
     output: QueryOutput,
     retention: Option<Retention>,
+    /// Where a keyed view's rows live; other views are kept in memory.
+    kind: StoreKind,
     codec: Option<KeyCodec>,
+    /// A keyed view's rows in RocksDB, read beside the writer.
+    #[cfg(feature = "rocksdb")]
+    stored: Option<crate::state::rocks::RocksReader>,
     current: RwLock<Arc<Snapshot>>,
     /// One batch at a time.
     writer: tokio::sync::Mutex<LogState>,
@@ -436,6 +455,9 @@ struct LogState {
     logged: Option<BatchId>,
     /// Batches logged since the last snapshot.
     since_snapshot: u64,
+    /// A keyed view's rows in RocksDB: the database's writer.
+    #[cfg(feature = "rocksdb")]
+    stored: Option<rocks::RocksWriter>,
 }
 
 fn log_dir(dir: &Path) -> PathBuf {
@@ -465,19 +487,66 @@ fn remove_temp_files(dir: &Path) {
 }
 
 impl ViewStore {
-    /// Reads the newest snapshot and applies the log after it.
+    /// A view kept in memory: [`ViewStore::load_in`].
+    #[cfg(test)]
     fn load(dir: &Path, output: QueryOutput, retention: Option<Retention>) -> Result<ViewStore> {
+        Self::load_in(dir, output, retention, StoreKind::Memory)
+    }
+
+    /// Opens the view in `dir`. In memory: reads the newest snapshot and applies the log
+    /// after it. A keyed view with `kind` RocksDB opens its database as of its last
+    /// logged batch (views of other shapes stay in memory).
+    fn load_in(
+        dir: &Path,
+        output: QueryOutput,
+        retention: Option<Retention>,
+        kind: StoreKind,
+    ) -> Result<ViewStore> {
         let codec = match (&output.keys, &output.mode) {
             (Some(keys), WriteMode::Merge { .. } | WriteMode::Append) => {
                 Some(KeyCodec::new(&output.schema, keys)?)
             }
             _ => None,
         };
+        // A view that an earlier release kept in memory whatever `state_store` said has a
+        // log or snapshot directory: it stays in memory.
+        #[cfg(feature = "rocksdb")]
+        if kind == StoreKind::Rocksdb
+            && codec.is_some()
+            && !log_dir(dir).exists()
+            && !snapshot_dir(dir).exists()
+        {
+            let (writer, reader, batch, rows) = rocks::open(dir)?;
+            let snapshot = Snapshot {
+                batch,
+                contents: Contents::Stored { rows },
+                scanned: Arc::default(),
+            };
+            return Ok(ViewStore {
+                dir: dir.to_path_buf(),
+                output,
+                retention,
+                kind,
+                codec,
+                stored: Some(reader),
+                current: RwLock::new(Arc::new(snapshot)),
+                writer: tokio::sync::Mutex::new(LogState {
+                    logged: batch,
+                    since_snapshot: 0,
+                    stored: Some(writer),
+                }),
+                snapshotting: Mutex::new(None),
+                dropped: std::sync::atomic::AtomicBool::new(false),
+            });
+        }
         let store = ViewStore {
             dir: dir.to_path_buf(),
             output,
             retention,
+            kind,
             codec,
+            #[cfg(feature = "rocksdb")]
+            stored: None,
             current: RwLock::new(Arc::new(Snapshot {
                 batch: None,
                 contents: Contents::Rows(imbl::Vector::new()),
@@ -510,10 +579,8 @@ impl ViewStore {
             .writer
             .try_lock()
             .map(|mut w| {
-                *w = LogState {
-                    logged: durable,
-                    since_snapshot: logged,
-                }
+                w.logged = durable;
+                w.since_snapshot = logged;
             })
             .ok();
         Ok(store)
@@ -703,6 +770,23 @@ impl ViewStore {
         if writer.logged.is_some_and(|b| b >= batch) {
             return Ok(SinkCommit::AlreadyCommitted);
         }
+        #[cfg(feature = "rocksdb")]
+        if let Some(stored) = writer.stored.take() {
+            let store = self.clone();
+            let (stored, done) = tokio::task::spawn_blocking(move || {
+                let mut stored = stored;
+                let done = store.commit_stored(&mut stored, batch, &rows, watermark_ms);
+                (stored, done)
+            })
+            .await
+            .map_err(|e| Error::Internal(format!("view writer: {e}")))?;
+            writer.stored = Some(stored);
+            done?;
+            writer.logged = Some(batch);
+            return Ok(SinkCommit::Committed {
+                version: batch.get() as i64,
+            });
+        }
         let base = self.snapshot();
         // Shown first, logged second: the batch's offsets are already in the write-ahead
         // log and its input is durable, so a crash before the log file replays exactly
@@ -743,6 +827,42 @@ impl ViewStore {
         Ok(SinkCommit::Committed {
             version: batch.get() as i64,
         })
+    }
+
+    /// Commits batch `batch` of a view in RocksDB: writes it to the database as one write
+    /// and shows it, then writes its changelog (the batch's commit), then takes a
+    /// checkpoint if one is due. Shown before it is logged, for the reason
+    /// [`ViewStore::commit`] gives.
+    #[cfg(feature = "rocksdb")]
+    fn commit_stored(
+        &self,
+        stored: &mut rocks::RocksWriter,
+        batch: BatchId,
+        rows: &[RecordBatch],
+        watermark_ms: i64,
+    ) -> Result<()> {
+        let codec = self
+            .codec
+            .as_ref()
+            .ok_or_else(|| Error::Internal("a view in RocksDB without a key".into()))?;
+        let cutoff = self
+            .retention
+            .as_ref()
+            .and_then(|r| r.cutoff_us(watermark_ms));
+        let count = stored.show(batch, rows, codec, self.retention.as_ref(), cutoff)?;
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Snapshot {
+            batch: Some(batch),
+            contents: Contents::Stored { rows: count },
+            scanned: Arc::default(),
+        });
+        crate::testing::crash_point("view_log_before_rename");
+        stored.log(batch)?;
+        crate::testing::crash_point("view_after_log");
+        if let Err(e) = stored.maintain() {
+            // The changelogs still hold every batch: the view loses nothing.
+            tracing::warn!(view = %self.dir.display(), error = %e, "view checkpoint failed");
+        }
+        Ok(())
     }
 
     /// Starts writing `snap` in the background, unless a snapshot is being written.
@@ -826,6 +946,15 @@ impl ViewStore {
                 codec.decode(&self.output.schema, rows.values())?
             }
             (Contents::Keyed { .. }, None) => Vec::new(),
+            (Contents::Stored { .. }, _) => {
+                // Not kept: the rows are read again from the database each time.
+                let mut out = Vec::new();
+                self.scan_stored(&[], &mut |b| {
+                    out.push(b);
+                    true
+                })?;
+                return Ok(out);
+            }
         };
         Ok(snap.scanned.get_or_init(|| rows).clone())
     }
@@ -837,6 +966,76 @@ impl ViewStore {
         let (Contents::Keyed { rows: map, .. }, Some(codec)) = (&snap.contents, &self.codec) else {
             return Ok(None);
         };
+        let Some(constraints) = self.constraints(filters) else {
+            return Ok(None);
+        };
+        let schema = &self.output.schema;
+        match read_keys(&mut &*map, codec, schema, &constraints, usize::MAX)? {
+            Some(found) => codec.decode(schema, found.iter()).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Reads a view in RocksDB as one point in time saw it: through the key where
+    /// `filters` allow it (up to [`MAX_STORED_FOUND`] rows), every row otherwise. `emit`
+    /// gets the rows as Arrow batches of at most [`SCAN_BATCH_ROWS`], and stops the read
+    /// by returning `false`; memory holds one batch at a time.
+    #[cfg(feature = "rocksdb")]
+    fn scan_stored(
+        &self,
+        filters: &[Expr],
+        emit: &mut dyn FnMut(RecordBatch) -> bool,
+    ) -> Result<()> {
+        let (Some(reader), Some(codec)) = (&self.stored, &self.codec) else {
+            return Err(Error::Internal("a view read as in RocksDB is not".into()));
+        };
+        let schema = &self.output.schema;
+        let mut cursor = rocks::RowsCursor::new(reader);
+        if let Some(constraints) = self.constraints(filters)
+            && let Some(found) =
+                read_keys(&mut cursor, codec, schema, &constraints, MAX_STORED_FOUND)?
+        {
+            for b in codec.decode(schema, found.iter())? {
+                if !emit(b) {
+                    break;
+                }
+            }
+            return Ok(());
+        }
+        let mut chunk = Vec::with_capacity(SCAN_BATCH_ROWS);
+        let mut failed = None;
+        let mut flush = |chunk: &mut Vec<RowBytes>| -> bool {
+            let go = match codec.decode(schema, chunk.iter()) {
+                Ok(batches) => batches.into_iter().all(&mut *emit),
+                Err(e) => {
+                    failed = Some(e);
+                    false
+                }
+            };
+            chunk.clear();
+            go
+        };
+        let finished = cursor.range(&[], None, &mut |row| {
+            chunk.push(row);
+            chunk.len() < SCAN_BATCH_ROWS || flush(&mut chunk)
+        })?;
+        if finished && !chunk.is_empty() {
+            flush(&mut chunk);
+        }
+        failed.map_or(Ok(()), Err)
+    }
+
+    #[cfg(not(feature = "rocksdb"))]
+    fn scan_stored(&self, _: &[Expr], _: &mut dyn FnMut(RecordBatch) -> bool) -> Result<()> {
+        Err(Error::Internal(
+            "a view in RocksDB in a build without it".into(),
+        ))
+    }
+
+    /// What `filters` allow for each key column; `None` for a view without a key, or
+    /// filters that constrain no key column.
+    fn constraints(&self, filters: &[Expr]) -> Option<Vec<Constraint>> {
+        let codec = self.codec.as_ref()?;
         let schema = &self.output.schema;
         let constraints: Vec<Constraint> = (0..codec.key_columns.len())
             .map(|j| {
@@ -845,27 +1044,18 @@ impl ViewStore {
                     .without_nulls(|| codec.above_null(schema, j))
             })
             .collect();
-        if constraints.iter().all(|c| matches!(c, Constraint::Any)) {
-            return Ok(None);
-        }
-        let mut read = KeyRead {
-            map,
-            codec,
-            schema,
-            constraints: &constraints,
-            found: Vec::new(),
-            seeks_left: MAX_KEY_SEEKS,
-        };
-        if !read.visit(0, Vec::new())? {
-            return Ok(None);
-        }
-        codec.decode(schema, read.found.into_iter()).map(Some)
+        (!constraints.iter().all(|c| matches!(c, Constraint::Any))).then_some(constraints)
     }
 }
 
 /// At most this many lookups and seeks answer one scan through a view's key; past them,
 /// the view is scanned.
 const MAX_KEY_SEEKS: usize = 16_384;
+
+/// A read through the key of a view in RocksDB holds at most this many rows before they go
+/// to the query; past them, the view is scanned a batch at a time.
+#[cfg(feature = "rocksdb")]
+const MAX_STORED_FOUND: usize = 1 << 16;
 
 /// What the filters allow for one key column, in its row format.
 #[derive(Debug, PartialEq, Eq)]
@@ -916,6 +1106,55 @@ impl Constraint {
     }
 }
 
+/// A keyed view's rows in key order, as one read sees them: the in-memory map, or a
+/// cursor over the RocksDB store.
+trait SortedRows {
+    /// The row stored under `key`.
+    fn get(&mut self, key: &[u8]) -> Result<Option<RowBytes>>;
+    /// The first key at or after `from`.
+    fn first_key(&mut self, from: &[u8]) -> Result<Option<Vec<u8>>>;
+    /// Calls `f` with each row from `from` up to `end` (excluded), in key order, until `f`
+    /// returns `false`; returns whether it went to the end.
+    fn range(
+        &mut self,
+        from: &[u8],
+        end: Option<&[u8]>,
+        f: &mut dyn FnMut(RowBytes) -> bool,
+    ) -> Result<bool>;
+}
+
+impl SortedRows for &imbl::OrdMap<RowBytes, RowBytes> {
+    fn get(&mut self, key: &[u8]) -> Result<Option<RowBytes>> {
+        Ok(imbl::OrdMap::get(*self, key).cloned())
+    }
+
+    fn first_key(&mut self, from: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(
+            imbl::OrdMap::range::<_, [u8]>(*self, (Bound::Included(from), Bound::Unbounded))
+                .next()
+                .map(|(k, _)| k.to_vec()),
+        )
+    }
+
+    fn range(
+        &mut self,
+        from: &[u8],
+        end: Option<&[u8]>,
+        f: &mut dyn FnMut(RowBytes) -> bool,
+    ) -> Result<bool> {
+        let range = (
+            Bound::Included(from),
+            end.map_or(Bound::Unbounded, Bound::Excluded),
+        );
+        for (_, v) in imbl::OrdMap::range::<_, [u8]>(*self, range) {
+            if !f(v.clone()) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
 /// One read of a keyed view through its key, column by column. A key is its columns'
 /// encodings end to end, so the keys whose first `j` columns have given values are one
 /// range of the map, starting with their encodings (the prefix):
@@ -928,29 +1167,30 @@ impl Constraint {
 ///
 /// So `page = '/a'` in a view keyed by `(window_start, window_end, page)` costs a few
 /// seeks per window, not a scan of every page of every window.
-struct KeyRead<'a> {
-    map: &'a imbl::OrdMap<RowBytes, RowBytes>,
+struct KeyRead<'a, R: SortedRows> {
+    rows: &'a mut R,
     codec: &'a KeyCodec,
     schema: &'a SchemaRef,
     constraints: &'a [Constraint],
-    found: Vec<&'a RowBytes>,
+    found: Vec<RowBytes>,
     seeks_left: usize,
+    /// At most this many rows are found; past them, the view is scanned.
+    max_rows: usize,
 }
 
-impl<'a> KeyRead<'a> {
+impl<R: SortedRows> KeyRead<'_, R> {
     /// Reads the keys that start with `prefix` (the encodings of key columns `..j`) and
-    /// meet the constraints of columns `j..`; `false` when the seeks ran out.
+    /// meet the constraints of columns `j..`; `false` when the seeks or rows ran out.
     fn visit(&mut self, j: usize, prefix: Vec<u8>) -> Result<bool> {
         if self.seeks_left == 0 {
             return Ok(false);
         }
         self.seeks_left -= 1;
-        let map = self.map;
         if j == self.constraints.len() {
-            if let Some(row) = map.get(prefix.as_slice()) {
+            if let Some(row) = self.rows.get(&prefix)? {
                 self.found.push(row);
             }
-            return Ok(true);
+            return Ok(self.found.len() <= self.max_rows);
         }
         let (lower, upper) = match &self.constraints[j] {
             Constraint::Empty => return Ok(true),
@@ -973,28 +1213,24 @@ impl<'a> KeyRead<'a> {
         let below_end = |k: &[u8]| end.as_deref().is_none_or(|e| k < e);
         let later = &self.constraints[j + 1..];
         if later.iter().all(|c| matches!(c, Constraint::Any)) {
-            let range = (
-                Bound::Included(start.as_slice()),
-                end.as_deref().map_or(Bound::Unbounded, Bound::Excluded),
-            );
-            if below_end(&start) {
-                self.found
-                    .extend(map.range::<_, [u8]>(range).map(|(_, v)| v));
+            if !below_end(&start) {
+                return Ok(true);
             }
-            return Ok(true);
+            let (found, max) = (&mut self.found, self.max_rows);
+            return self.rows.range(&start, end.as_deref(), &mut |row| {
+                found.push(row);
+                found.len() <= max
+            });
         }
         let mut from = start;
         while below_end(&from) {
-            let Some((key, _)) = map
-                .range::<_, [u8]>((Bound::Included(from.as_slice()), Bound::Unbounded))
-                .next()
-            else {
+            let Some(key) = self.rows.first_key(&from)? else {
                 break;
             };
-            if !below_end(key) {
+            if !below_end(&key) {
                 break;
             }
-            let value = self.codec.column_of(self.schema, key, j, prefix.len())?;
+            let value = self.codec.column_of(self.schema, &key, j, prefix.len())?;
             let next = [prefix.as_slice(), &value].concat();
             if !key.starts_with(&next) {
                 return Err(Error::Internal(
@@ -1011,6 +1247,28 @@ impl<'a> KeyRead<'a> {
         }
         Ok(true)
     }
+}
+
+/// The rows of a keyed view (read through `rows`) that `constraints` allow, found through
+/// the key; `None` when more than `max_rows` rows or [`MAX_KEY_SEEKS`] seeks would be
+/// needed.
+fn read_keys<R: SortedRows>(
+    rows: &mut R,
+    codec: &KeyCodec,
+    schema: &SchemaRef,
+    constraints: &[Constraint],
+    max_rows: usize,
+) -> Result<Option<Vec<RowBytes>>> {
+    let mut read = KeyRead {
+        rows,
+        codec,
+        schema,
+        constraints,
+        found: Vec::new(),
+        seeks_left: MAX_KEY_SEEKS,
+        max_rows,
+    };
+    Ok(read.visit(0, Vec::new())?.then_some(read.found))
 }
 
 /// The sink side of a view: the query's batches go into its store.
@@ -1202,6 +1460,23 @@ impl TableProvider for ViewTable {
         filters: &[Expr],
         _limit: Option<usize>,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        #[cfg(feature = "rocksdb")]
+        if self.store.stored.is_some() {
+            let scan = StoredScan {
+                store: self.store.clone(),
+                filters: filters.to_vec(),
+            };
+            return Ok(Arc::new(
+                datafusion::physical_plan::streaming::StreamingTableExec::try_new(
+                    self.store.output.schema.clone(),
+                    vec![Arc::new(scan)],
+                    projection,
+                    [],
+                    false,
+                    None,
+                )?,
+            ));
+        }
         let snap = self.store.snapshot();
         let to_df = |e: Error| datafusion::error::DataFusionError::External(Box::new(e));
         let rows = match self.store.find(&snap, filters).map_err(to_df)? {
@@ -1213,6 +1488,45 @@ impl TableProvider for ViewTable {
             self.store.output.schema.clone(),
             projection.cloned(),
         )?)
+    }
+}
+
+/// One scan of a view in RocksDB: the rows are read on a blocking thread, with one
+/// cursor (one point in time), and handed over a batch at a time.
+#[cfg(feature = "rocksdb")]
+#[derive(Debug)]
+struct StoredScan {
+    store: Arc<ViewStore>,
+    filters: Vec<Expr>,
+}
+
+#[cfg(feature = "rocksdb")]
+impl datafusion::physical_plan::streaming::PartitionStream for StoredScan {
+    fn schema(&self) -> &SchemaRef {
+        &self.store.output.schema
+    }
+
+    fn execute(
+        &self,
+        _ctx: Arc<datafusion::execution::TaskContext>,
+    ) -> datafusion::execution::SendableRecordBatchStream {
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        let (store, filters) = (self.store.clone(), self.filters.clone());
+        tokio::task::spawn_blocking(move || {
+            let read = store.scan_stored(&filters, &mut |b| tx.blocking_send(Ok(b)).is_ok());
+            if let Err(e) = read {
+                let e = datafusion::error::DataFusionError::External(Box::new(e));
+                let _ = tx.blocking_send(Err(e));
+            }
+        });
+        let rows =
+            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
+        Box::pin(
+            datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
+                self.store.output.schema.clone(),
+                rows,
+            ),
+        )
     }
 }
 
@@ -1334,6 +1648,60 @@ mod tests {
         let reopened = Arc::new(ViewStore::load(dir.path(), merge(), None).unwrap());
         assert_eq!(reopened.snapshot().batch, Some(BatchId(1)));
         assert_eq!(rows_of(&reopened, "SELECT * FROM v").await, want);
+    }
+
+    #[cfg(feature = "rocksdb")]
+    #[tokio::test]
+    async fn a_view_in_rocksdb_keeps_the_latest_row_per_key_across_checkpoints_and_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let open =
+            || Arc::new(ViewStore::load_in(dir.path(), merge(), None, StoreKind::Rocksdb).unwrap());
+        let store = open();
+        // 25 batches: past two checkpoints (every 10 versions), with changelogs after the
+        // last. Page /p{i % 7} gets views i; the answer is the last i of each page.
+        let mut want = std::collections::BTreeMap::new();
+        for i in 0..25i64 {
+            let page = format!("/p{}", i % 7);
+            let c = store
+                .commit(BatchId(i as u64), vec![batch(&[(&page, i)])], 0)
+                .await
+                .unwrap();
+            assert_eq!(c, SinkCommit::Committed { version: i });
+            want.insert(page, i);
+        }
+        let want: Vec<(String, i64)> = want.into_iter().collect();
+        // A replayed batch changes nothing.
+        let again = store
+            .commit(BatchId(24), vec![batch(&[("/p3", 99)])], 0)
+            .await
+            .unwrap();
+        assert_eq!(again, SinkCommit::AlreadyCommitted);
+        assert_eq!(rows_of(&store, "SELECT * FROM v").await, want);
+        assert_eq!(store.snapshot().num_rows(), 7);
+        assert_eq!(
+            rows_of(&store, "SELECT * FROM v WHERE page IN ('/p1', '/zz')").await,
+            pairs(&[("/p1", 22)])
+        );
+        assert!(dir.path().join("rocksdb/20").is_dir(), "a checkpoint at 20");
+        drop(store);
+        let reopened = open();
+        assert_eq!(reopened.snapshot().batch, Some(BatchId(24)));
+        assert_eq!(reopened.snapshot().num_rows(), 7);
+        assert_eq!(rows_of(&reopened, "SELECT * FROM v").await, want);
+        // It goes on where it stopped.
+        reopened
+            .commit(BatchId(25), vec![batch(&[("/new", 1), ("/p0", 100)])], 0)
+            .await
+            .unwrap();
+        assert_eq!(reopened.snapshot().num_rows(), 8);
+        assert_eq!(
+            rows_of(
+                &reopened,
+                "SELECT * FROM v WHERE page = '/p0' OR page = '/new'"
+            )
+            .await,
+            pairs(&[("/new", 1), ("/p0", 100)])
+        );
     }
 
     #[tokio::test]
@@ -1632,6 +2000,35 @@ mod tests {
 
     #[tokio::test]
     async fn filters_on_any_key_column_are_read_through_the_key() {
+        filters_through_the_key(StoreKind::Memory).await;
+    }
+
+    #[cfg(feature = "rocksdb")]
+    #[tokio::test]
+    async fn filters_on_any_key_column_are_read_through_the_key_in_rocksdb() {
+        filters_through_the_key(StoreKind::Rocksdb).await;
+    }
+
+    /// The rows a read of the view through its key gives for `filters`, or `None` where it
+    /// reads every row.
+    fn found_by_key(store: &ViewStore, filters: &[Expr]) -> Option<usize> {
+        let snap = store.snapshot();
+        if let Contents::Stored { rows } = snap.contents {
+            let mut n = 0;
+            store
+                .scan_stored(filters, &mut |b| {
+                    n += b.num_rows();
+                    true
+                })
+                .unwrap();
+            // Every row back: the key was not used (the cases never keep every row).
+            return (n as u64 != rows).then_some(n);
+        }
+        let found = store.find(&snap, filters).unwrap()?;
+        Some(found.iter().map(RecordBatch::num_rows).sum())
+    }
+
+    async fn filters_through_the_key(kind: StoreKind) {
         let dir = tempfile::tempdir().unwrap();
         let rows = seed_view_rows();
         let keys: Vec<String> = vec!["page".into(), "window_start".into(), "window_end".into()];
@@ -1641,7 +2038,7 @@ mod tests {
             keys: Some(keys),
             time: None,
         };
-        let store = Arc::new(ViewStore::load(dir.path(), output, None).unwrap());
+        let store = Arc::new(ViewStore::load_in(dir.path(), output, None, kind).unwrap());
         store
             .commit(BatchId(0), vec![rows.clone()], 0)
             .await
@@ -1693,7 +2090,6 @@ mod tests {
                 "SELECT window_start, window_end, page, views FROM v WHERE {w} ORDER BY 1, 2, 3"
             )
         };
-        let snap = store.snapshot();
         for (where_, keyed) in &cases {
             let collect = |t: Arc<dyn TableProvider>| {
                 let q = sql(where_);
@@ -1731,10 +2127,9 @@ mod tests {
                     Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
                 })
                 .unwrap();
-            let found = store.find(&snap, &filters).unwrap();
+            let found = found_by_key(&store, &filters);
             assert_eq!(found.is_some(), *keyed, "{where_}");
-            if let Some(found) = found {
-                let n: usize = found.iter().map(RecordBatch::num_rows).sum();
+            if let Some(n) = found {
                 assert_eq!(n, expected, "{where_}");
             }
         }
@@ -1779,6 +2174,16 @@ mod tests {
 
     #[tokio::test]
     async fn retention_removes_windows_that_ended_long_enough_before_the_watermark() {
+        retention_of_windows(StoreKind::Memory).await;
+    }
+
+    #[cfg(feature = "rocksdb")]
+    #[tokio::test]
+    async fn retention_removes_windows_that_ended_long_enough_before_the_watermark_in_rocksdb() {
+        retention_of_windows(StoreKind::Rocksdb).await;
+    }
+
+    async fn retention_of_windows(kind: StoreKind) {
         let dir = tempfile::tempdir().unwrap();
         let mode = WriteMode::Merge {
             keys: vec!["page".into(), "window_start".into()],
@@ -1788,8 +2193,12 @@ mod tests {
             time: output.time.clone().unwrap(),
             keep_us: 10 * MINUTE_US,
         };
-        let store =
-            Arc::new(ViewStore::load(dir.path(), output.clone(), Some(keep.clone())).unwrap());
+        let open = || {
+            Arc::new(
+                ViewStore::load_in(dir.path(), output.clone(), Some(keep.clone()), kind).unwrap(),
+            )
+        };
+        let store = open();
         let minute_ms = 60_000;
         // Windows [0, 5), [5, 10), [10, 15); the watermark is still 0.
         store
@@ -1808,9 +2217,10 @@ mod tests {
             .unwrap();
         let want = triples(&[("/a", 5, 2), ("/b", 10, 1)]);
         assert_eq!(window_rows(&store, "SELECT * FROM v").await, want);
+        assert_eq!(store.snapshot().num_rows(), 2);
         // Reopened, the log replays each batch at its own watermark.
-        let reopened =
-            Arc::new(ViewStore::load(dir.path(), output.clone(), Some(keep.clone())).unwrap());
+        drop(store);
+        let reopened = open();
         assert_eq!(window_rows(&reopened, "SELECT * FROM v").await, want);
         // A batch with no rows moves the watermark too: at 24:59.999 [10, 15) stays.
         reopened
@@ -1821,6 +2231,21 @@ mod tests {
             window_rows(&reopened, "SELECT * FROM v").await,
             triples(&[("/b", 10, 1)])
         );
+        assert_eq!(reopened.snapshot().num_rows(), 1);
+        // A row already past the retention is not kept, and an old one is not counted.
+        reopened
+            .commit(
+                BatchId(3),
+                vec![windows(&[("/c", 0, 1), ("/b", 10, 7), ("/d", 20, 1)])],
+                25 * minute_ms - 1,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            window_rows(&reopened, "SELECT * FROM v").await,
+            triples(&[("/b", 10, 7), ("/d", 20, 1)])
+        );
+        assert_eq!(reopened.snapshot().num_rows(), 2);
     }
 
     #[tokio::test]

@@ -53,7 +53,8 @@ const CHANGELOG: &str = ".changelog";
 /// See the module documentation.
 pub struct RocksBackend {
     root: PathBuf,
-    db: Option<DB>,
+    /// Shared with the [`RocksReader`]s of a materialized view.
+    db: Option<Arc<DB>>,
     opts: Options,
     /// The version `work/` holds, if it holds one unchanged since.
     clean_version: Option<u64>,
@@ -103,14 +104,14 @@ impl Changelog {
         self.ends.append_option(end);
     }
 
-    /// The file's bytes; empties the log.
-    fn finish(&mut self) -> Result<Vec<u8>> {
+    /// The file's bytes.
+    fn bytes(&self) -> Result<Vec<u8>> {
         let batch = RecordBatch::try_new(
             Arc::new(Self::schema()),
             vec![
-                Arc::new(self.keys.finish()) as ArrayRef,
-                Arc::new(self.values.finish()),
-                Arc::new(self.ends.finish()),
+                Arc::new(self.keys.finish_cloned()) as ArrayRef,
+                Arc::new(self.values.finish_cloned()),
+                Arc::new(self.ends.finish_cloned()),
             ],
         )?;
         let mut buf = Vec::new();
@@ -193,7 +194,7 @@ impl RocksBackend {
 
     fn db(&self) -> Result<&DB> {
         self.db
-            .as_ref()
+            .as_deref()
             .ok_or_else(|| Error::Internal("rocksdb state used before load".into()))
     }
 
@@ -284,6 +285,96 @@ impl RocksBackend {
         std::fs::rename(&tmp, &target).map_err(io(format!("renaming to {}", target.display())))?;
         sync_dir(&self.root)
     }
+
+    /// The newest version on disk: its changelog or its checkpoint (0 for none).
+    pub fn latest_version(&self) -> u64 {
+        let changelogs = numbered(&self.root, CHANGELOG).unwrap_or_default();
+        changelogs
+            .into_iter()
+            .chain(self.checkpoints())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Applies `ops` as one write: a [`RocksCursor`] sees all of them or none. For a
+    /// materialized view, whose readers must see whole batches; [`Backend::write`] splits
+    /// large writes to bound their memory.
+    pub fn write_whole(&mut self, ops: Vec<Op>) -> Result<()> {
+        self.clean_version = None;
+        let mut batch = WriteBatch::default();
+        for op in &ops {
+            match op {
+                Op::Put(k, v) => batch.put(k, v),
+                Op::Delete(k) => batch.delete(k),
+                Op::DeleteRange(from, to) => batch.delete_range(from, to),
+            }
+        }
+        self.db()?
+            .write_opt(batch, &Self::write_opts())
+            .map_err(|e| rocks_err("writing", e))?;
+        for op in &ops {
+            self.changes.push(op);
+        }
+        Ok(())
+    }
+
+    /// A reader of the live database beside this writer, after [`Backend::load`].
+    pub fn reader(&self) -> Result<RocksReader> {
+        self.db
+            .clone()
+            .map(|db| RocksReader { db })
+            .ok_or_else(|| Error::Internal("rocksdb state read before load".into()))
+    }
+}
+
+/// Reads the live database of a [`RocksBackend`] while it is written: each
+/// [`RocksCursor`] sees the database as it was when the cursor was made, whole writes
+/// only.
+#[derive(Clone)]
+pub struct RocksReader {
+    db: Arc<DB>,
+}
+
+impl std::fmt::Debug for RocksReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RocksReader").finish_non_exhaustive()
+    }
+}
+
+impl RocksReader {
+    /// A cursor over one point in time of the database.
+    pub fn cursor(&self) -> RocksCursor<'_> {
+        RocksCursor {
+            it: self.db.raw_iterator(),
+        }
+    }
+}
+
+/// A position in the database as one point in time saw it (an iterator with its
+/// implicit snapshot).
+pub struct RocksCursor<'a> {
+    it: rocksdb::DBRawIteratorWithThreadMode<'a, DB>,
+}
+
+impl RocksCursor<'_> {
+    /// Moves to the first key at or after `key`.
+    pub fn seek(&mut self, key: &[u8]) {
+        self.it.seek(key);
+    }
+
+    /// Moves to the next key.
+    pub fn next(&mut self) {
+        self.it.next();
+    }
+
+    /// The key and value here; `None` past the last key.
+    pub fn entry(&self) -> Result<Option<(&[u8], &[u8])>> {
+        if !self.it.valid() {
+            self.it.status().map_err(|e| rocks_err("reading", e))?;
+            return Ok(None);
+        }
+        Ok(self.it.key().zip(self.it.value()))
+    }
 }
 
 impl Backend for RocksBackend {
@@ -326,7 +417,7 @@ impl Backend for RocksBackend {
             })?;
             Self::apply(&db, &ops)?;
         }
-        self.db = Some(db);
+        self.db = Some(Arc::new(db));
         self.clean_version = Some(version);
         self.version = version;
         Ok(())
@@ -366,8 +457,10 @@ impl Backend for RocksBackend {
     }
 
     fn commit(&mut self, version: u64) -> Result<u64> {
-        let log = self.changes.finish()?;
+        // Kept until the file is written: a commit that fails can be tried again.
+        let log = self.changes.bytes()?;
         write_atomic(&self.changelog(version), &log)?;
+        self.changes = Changelog::default();
         let db = self.db()?;
         let prop = |name: &str| db.property_int_value(name).ok().flatten().unwrap_or(0);
         let memory = prop("rocksdb.cur-size-all-mem-tables")

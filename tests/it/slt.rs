@@ -13,6 +13,8 @@
 //! can reach the file's server as `psql -h 127.0.0.1 -p $TIDEMARK_PORT` (psql must be
 //! installed; `.ci/run` installs it). A file whose name starts with `kafka` gets a Kafka
 //! broker of its own (tansu, as `tests/it/kafka.rs` starts it) at `$KAFKA_BOOTSTRAP`.
+//! A build with the `rocksdb` feature runs with the label `rocksdb` (`onlyif rocksdb`,
+//! `skipif rocksdb`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -179,6 +181,10 @@ async fn run_file(path: &Path) -> Result<(), String> {
             Ok::<_, DbError>(SltDb { shared, client })
         }
     });
+    // `onlyif rocksdb` / `skipif rocksdb`: what a build with the rocksdb feature does.
+    if cfg!(feature = "rocksdb") {
+        runner.add_label("rocksdb");
+    }
     // `$TIDEMARK_PORT` in `system` commands: psql's \copy against this file's server.
     runner.set_var("TIDEMARK_PORT".into(), port.to_string());
     if let Some(b) = &broker {
