@@ -54,7 +54,8 @@ const STATE_STORE: OptionSpec = OptionSpec::new(
     "state_store",
     OptionType::OneOf(&["memory", "rocksdb"]),
     Some("memory"),
-    "Where the operators' state lives; fixed once the checkpoint exists",
+    "Where the operators' state lives, and the rows of a view kept by its group key (see \"Views \
+     larger than memory\"); fixed once the checkpoint exists",
 );
 const DEDUPLICATE: OptionSpec = OptionSpec::new(
     "deduplicate",
