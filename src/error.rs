@@ -48,6 +48,7 @@ pub enum SqlState {
     /// A remote engine (Spark) refused or failed what it was asked: Postgres's `fdw_error`,
     /// the class postgres_fdw and other foreign data wrappers report a remote failure with.
     FdwError,
+    InvalidSchemaName,
     InternalError,
 }
 
@@ -89,6 +90,7 @@ impl SqlState {
             SqlState::IoError => "58030",
             SqlState::ConnectionFailure => "08006",
             SqlState::FdwError => "HV000",
+            SqlState::InvalidSchemaName => "3F000",
             SqlState::InternalError => "XX000",
         }
     }
@@ -227,6 +229,7 @@ impl Error {
                     SqlState::UndefinedTable
                 }
                 "column" => SqlState::UndefinedColumn,
+                "schema" => SqlState::InvalidSchemaName,
                 _ => SqlState::UndefinedObject,
             },
             Error::DuplicateObject { .. } => SqlState::DuplicateObject,

@@ -14,6 +14,7 @@ pub mod operator;
 pub mod plan;
 pub mod progress;
 pub mod query;
+mod replace;
 mod roles;
 pub mod settings;
 pub mod side_tables;
@@ -340,15 +341,11 @@ impl Engine {
             .cloned()
     }
 
-    /// Makes a sink's output a table: its Delta table, or its committed files. A console
-    /// sink has no table.
-    async fn register_sink(&self, s: &SinkDef, cat: &Catalog) -> Result<()> {
-        let name = TableReference::bare(s.name.clone());
-        self.ctx.deregister_table(name.clone())?;
-        let connector = s.connector()?;
-        let output = match connector {
-            // A file sink needs the query's schema to read its files back, a view what
-            // the query writes to load its rows.
+    /// What a sink's query writes, as its output is read back: a file sink needs the query's
+    /// schema to read its files, a view what the query writes to load its rows. Other sinks
+    /// read their own table's schema (an empty one here).
+    async fn sink_output(s: &SinkDef, cat: &Catalog) -> Result<QueryOutput> {
+        match s.connector()? {
             SinkConnector::File(_) | SinkConnector::View => {
                 let streams = sink_streams_of(s, cat)?;
                 let mode = OutputMode::parse(&s.output_mode)?;
@@ -362,10 +359,19 @@ impl Engine {
                     &state_config(s),
                 )
                 .await?;
-                shape.output()
+                Ok(shape.output())
             }
-            _ => QueryOutput::append(Arc::new(Schema::empty())),
-        };
+            _ => Ok(QueryOutput::append(Arc::new(Schema::empty()))),
+        }
+    }
+
+    /// Makes a sink's output a table: its Delta table, or its committed files. A console
+    /// sink has no table.
+    async fn register_sink(&self, s: &SinkDef, cat: &Catalog) -> Result<()> {
+        let name = TableReference::bare(s.name.clone());
+        self.ctx.deregister_table(name.clone())?;
+        let connector = s.connector()?;
+        let output = Self::sink_output(s, cat).await?;
         if connector == SinkConnector::View {
             let store = crate::sink::view::open(&s.path, &output, &s.options)?;
             let view = crate::sink::view::ViewTable::new(store, s.query.clone());
@@ -390,7 +396,8 @@ impl Engine {
                 name,
                 if_exists,
                 kind,
-            } => self.drop_sink(&name, if_exists, kind).await,
+                purge,
+            } => self.drop_sink(&name, if_exists, kind, purge).await,
             TidemarkStatement::ShowStreams => self.show_streams().await,
             TidemarkStatement::ShowSinks => self.show_sinks().await,
             TidemarkStatement::ShowViews => self.show_views().await,
@@ -744,6 +751,10 @@ impl Engine {
             if cs.if_not_exists {
                 return Ok(Output::Command(tag));
             }
+            if cs.or_replace && query_def(&cat, &cs.name, cs.kind).is_ok() {
+                drop(cat);
+                return self.replace_sink(cs).await;
+            }
             return Err(Error::DuplicateObject {
                 kind,
                 name: cs.name,
@@ -916,7 +927,13 @@ impl Engine {
         Ok(Output::Command("DROP STREAM".into()))
     }
 
-    async fn drop_sink(&self, name: &str, if_exists: bool, kind: QueryKind) -> Result<Output> {
+    async fn drop_sink(
+        &self,
+        name: &str,
+        if_exists: bool,
+        kind: QueryKind,
+        purge: bool,
+    ) -> Result<Output> {
         let tag = format!("DROP {}", kind.keyword());
         {
             let cat = self.catalog.lock().await;
@@ -951,9 +968,23 @@ impl Engine {
         if def.kind == QueryKind::MaterializedView {
             crate::sink::view::forget(&def.path);
         }
-        if def.owns_checkpoint {
+        // PURGE: the checkpoint goes wherever it is, and the sink's output too (its Delta
+        // table or files, as DROP TABLE ... PURGE deletes a table's), so that a sink made
+        // again starts from nothing. A MERGE sink's target is a table of its own, dropped
+        // with DROP TABLE.
+        if def.owns_checkpoint || purge {
             let _ = std::fs::remove_dir_all(&def.checkpoint);
             let _ = std::fs::remove_dir_all(spark_checkpoint(&def));
+        }
+        if purge && def.merge.is_none() && def.connector()?.has_path() {
+            let lock = crate::sink::delta::table_lock(&def.path);
+            let _write = lock.lock().await;
+            match std::fs::remove_dir_all(&def.path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(Error::io(format!("removing {}", def.path.display()), e));
+                }
+                _ => {}
+            }
         }
         Ok(Output::Command(tag))
     }

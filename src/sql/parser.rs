@@ -49,6 +49,8 @@ pub enum TidemarkStatement {
         name: String,
         if_exists: bool,
         kind: QueryKind,
+        /// `DROP SINK name PURGE`: the sink's table in the data directory goes too.
+        purge: bool,
     },
     ShowStreams,
     ShowSinks,
@@ -241,6 +243,10 @@ pub struct CreateSink {
     pub kind: QueryKind,
     pub name: String,
     pub if_not_exists: bool,
+    /// `CREATE OR REPLACE`: an existing sink or view of the name is kept when the
+    /// definition is the same, altered when only alterable options differ, and replaced
+    /// over its checkpoint otherwise (see `Engine::replace_sink`).
+    pub or_replace: bool,
     pub options: Options,
     /// The `AS` query, as text DataFusion plans; a MERGE sink's `USING` query.
     pub query: String,
@@ -389,6 +395,22 @@ fn parse_statement(p: &mut Parser) -> Result<TidemarkStatement> {
         return Ok(TidemarkStatement::Merge(super::merge::parse_merge(p)?));
     }
     if parse_word(p, "CREATE") {
+        if p.parse_keywords(&[Keyword::OR, Keyword::REPLACE]) {
+            let kind = parse_query_kind(p).map_err(|_| {
+                Error::Syntax(format!(
+                    "CREATE OR REPLACE makes a SINK or a MATERIALIZED VIEW, found {}",
+                    p.peek_token().token
+                ))
+            })?;
+            let mut sink = parse_create_sink(p, kind)?;
+            if sink.if_not_exists {
+                return Err(Error::Syntax(
+                    "CREATE OR REPLACE and IF NOT EXISTS cannot be combined".into(),
+                ));
+            }
+            sink.or_replace = true;
+            return Ok(TidemarkStatement::CreateSink(sink));
+        }
         if parse_word(p, "TABLE") {
             return Ok(TidemarkStatement::CreateTable(parse_create_table(p)?));
         }
@@ -427,12 +449,14 @@ fn parse_statement(p: &mut Parser) -> Result<TidemarkStatement> {
         };
         let if_exists = p.parse_keywords(&[Keyword::IF, Keyword::EXISTS]);
         let name = parse_name(p)?;
+        let purge = kind == Some(QueryKind::Sink) && p.parse_keyword(Keyword::PURGE);
         return Ok(match kind {
             None => TidemarkStatement::DropStream { name, if_exists },
             Some(kind) => TidemarkStatement::DropSink {
                 name,
                 if_exists,
                 kind,
+                purge,
             },
         });
     }
@@ -581,17 +605,32 @@ pub fn normalize_ident(ident: &Ident) -> String {
     }
 }
 
+/// A stream's, sink's, view's or table's name: `name`, `public.name` or
+/// `database.public.name`, as dbt and other tools qualify names. Every object lives in
+/// schema `public`; another schema is Postgres's 3F000. Tidemark answers to any database
+/// name, so the database part is not checked.
 fn parse_name(p: &mut Parser) -> Result<String> {
     let name = p.parse_object_name(false)?;
-    if name.0.len() != 1 {
-        return Err(Error::Syntax(format!(
-            "\"{name}\": streams and sinks have unqualified names"
-        )));
+    let parts = name
+        .0
+        .iter()
+        .map(|part| {
+            part.as_ident()
+                .map(normalize_ident)
+                .ok_or_else(|| Error::Syntax(format!("\"{name}\" is not a name")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    match parts.as_slice() {
+        [name] => Ok(name.clone()),
+        [schema, name] | [_, schema, name] if schema == "public" => Ok(name.clone()),
+        [schema, _] | [_, schema, _] => Err(Error::UndefinedObject {
+            kind: "schema",
+            name: schema.clone(),
+        }),
+        _ => Err(Error::Syntax(format!(
+            "improper qualified name (too many dotted names): {name}"
+        ))),
     }
-    let ident = name.0[0]
-        .as_ident()
-        .ok_or_else(|| Error::Syntax(format!("\"{name}\" is not a name")))?;
-    Ok(normalize_ident(ident))
 }
 
 /// A `LISTEN`/`NOTIFY` channel: an identifier, folded to lower case unless quoted, and
@@ -735,6 +774,7 @@ fn parse_create_sink(p: &mut Parser, kind: QueryKind) -> Result<CreateSink> {
             kind,
             name,
             if_not_exists,
+            or_replace: false,
             options,
             query: merge.source.clone(),
             merge: Some(merge),
@@ -745,6 +785,7 @@ fn parse_create_sink(p: &mut Parser, kind: QueryKind) -> Result<CreateSink> {
         kind,
         name,
         if_not_exists,
+        or_replace: false,
         options,
         query: query.to_string(),
         merge: None,
@@ -1011,6 +1052,26 @@ mod tests {
     }
 
     #[test]
+    fn names_may_be_qualified_with_public_and_any_database() {
+        for sql in [
+            "DROP SINK s",
+            "DROP SINK public.s",
+            "DROP SINK PUBLIC.s",
+            "DROP SINK \"analytics\".\"public\".\"s\"",
+        ] {
+            let Ok(TidemarkStatement::DropSink { name, .. }) = parse_tidemark(sql) else {
+                panic!("{sql}")
+            };
+            assert_eq!(name, "s", "{sql}");
+        }
+        let e = parse_tidemark("DROP SINK staging.s").unwrap_err();
+        assert_eq!(e.sqlstate().code(), "3F000");
+        assert_eq!(e.to_string(), "schema \"staging\" does not exist");
+        let e = parse_tidemark("DROP SINK a.b.c.d").unwrap_err();
+        assert_eq!(e.sqlstate().code(), "42601");
+    }
+
+    #[test]
     fn parses_create_sink_with_options_before_as() {
         let s = parse_tidemark(
             "CREATE SINK s WITH (connector = 'delta', trigger = 'available_now') \
@@ -1036,14 +1097,20 @@ mod tests {
                 name: "MySink".into(),
                 if_exists: true,
                 kind: QueryKind::Sink,
+                purge: false,
             }
         );
+        assert!(matches!(
+            parse_tidemark("DROP SINK s PURGE").unwrap(),
+            TidemarkStatement::DropSink { purge: true, .. }
+        ));
         assert_eq!(
             parse_tidemark("drop materialized view v").unwrap(),
             TidemarkStatement::DropSink {
                 name: "v".into(),
                 if_exists: false,
                 kind: QueryKind::MaterializedView,
+                purge: false,
             }
         );
         assert_eq!(
