@@ -1888,8 +1888,18 @@ fn sink_streams(query: &str, cat: &Catalog) -> Result<(Vec<String>, Vec<String>)
     let mut names = Vec::new();
     for s in &stmts {
         let _ = visit_relations(s, |rel| {
-            if let Some(ident) = rel.0.last().and_then(|p| p.as_ident()) {
-                names.push((rel.0.len(), crate::sql::parser::normalize_ident(ident)));
+            let parts: Vec<String> = rel
+                .0
+                .iter()
+                .filter_map(|p| p.as_ident().map(crate::sql::parser::normalize_ident))
+                .collect();
+            // `public.name` is the name itself (dbt writes names so).
+            let parts = match parts.as_slice() {
+                [schema, name] if schema == "public" => vec![name.clone()],
+                _ => parts,
+            };
+            if let Some(name) = parts.last() {
+                names.push((parts.len(), name.clone()));
             }
             std::ops::ControlFlow::<()>::Continue(())
         });

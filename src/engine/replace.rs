@@ -9,11 +9,10 @@ use std::collections::BTreeSet;
 
 use super::{Engine, Output, StopReason, query, query_def, sink_streams_of};
 use crate::catalog::{SinkDef, SinkState};
-use crate::sql::parser::{CreateSink, QueryKind};
 use crate::error::{Error, Result};
 use crate::sink::SinkConnector;
 use crate::sql::options::{OptionTable, Options};
-
+use crate::sql::parser::{CreateSink, QueryKind};
 
 /// What `CREATE OR REPLACE` does to an existing sink or view.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,7 +36,9 @@ pub(crate) fn replacement(old: &SinkDef, new: &SinkDef, table: &OptionTable) -> 
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect::<Vec<_>>()
     };
-    if old.query != new.query || old.merge != new.merge || fixed(&old.options) != fixed(&new.options)
+    if old.query != new.query
+        || old.merge != new.merge
+        || fixed(&old.options) != fixed(&new.options)
     {
         return Replacement::Redefine;
     }
@@ -137,7 +138,9 @@ impl Engine {
                 ),
             });
         }
-        connector.prepare(&new.name, &new.path, &shape.schema).await?;
+        connector
+            .prepare(&new.name, &new.path, &shape.schema)
+            .await?;
         for side in super::side_tables::SideTable::wanted_by(&new.options) {
             self.ensure_side_table(&mut cat, &name, side).await?;
         }
@@ -216,9 +219,15 @@ mod tests {
     fn the_same_definition_is_kept_and_alterable_options_are_altered() {
         let table = crate::catalog::option_table(QueryKind::Sink);
         let q = "SELECT * FROM clicks";
-        let old = def(q, &[("trigger", "processing_time 1 second"), ("path", "/t/s")]);
+        let old = def(
+            q,
+            &[("trigger", "processing_time 1 second"), ("path", "/t/s")],
+        );
         assert_eq!(replacement(&old, &old.clone(), table), Replacement::Same);
-        let new = def(q, &[("trigger", "processing_time 5 seconds"), ("path", "/t/s")]);
+        let new = def(
+            q,
+            &[("trigger", "processing_time 5 seconds"), ("path", "/t/s")],
+        );
         let Replacement::Alter(changed) = replacement(&old, &new, table) else {
             panic!("not an alter")
         };

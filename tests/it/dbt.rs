@@ -17,7 +17,10 @@ fn python() -> String {
 
 fn prerequisites() -> bool {
     let ok = Command::new(python())
-        .args(["-c", "import dbt.adapters.tidemark, dbt.tests.adapter, pytest"])
+        .args([
+            "-c",
+            "import dbt.adapters.tidemark, dbt.tests.adapter, pytest",
+        ])
         .status()
         .is_ok_and(|s| s.success());
     if ok {
@@ -150,12 +153,25 @@ fn latest_pages(files: &[&str]) -> Vec<String> {
         .collect()
 }
 
-async fn last_pages(c: &tokio_postgres::Client) -> Vec<String> {
-    rows(c, "SELECT user_id, page FROM user_last_page ORDER BY user_id")
+/// A sink's trigger, from `SHOW SINKS` (name, streams, connector, path, trigger, ...).
+async fn trigger_of(c: &tokio_postgres::Client, sink: &str) -> String {
+    rows(c, "SHOW SINKS")
         .await
         .into_iter()
-        .map(|r| format!("{}|{}", r[0].clone().unwrap(), r[1].clone().unwrap()))
-        .collect()
+        .find(|r| r[0].as_deref() == Some(sink))
+        .and_then(|r| r[4].clone())
+        .unwrap_or_else(|| panic!("no sink {sink}"))
+}
+
+async fn last_pages(c: &tokio_postgres::Client) -> Vec<String> {
+    rows(
+        c,
+        "SELECT user_id, page FROM user_last_page ORDER BY user_id",
+    )
+    .await
+    .into_iter()
+    .map(|r| format!("{}|{}", r[0].clone().unwrap(), r[1].clone().unwrap()))
+    .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -178,7 +194,11 @@ async fn example_project_runs_and_reruns_across_restarts() {
     let c = server.connect().await;
     assert_eq!(windows(&c).await, SPARK_RUN1);
     assert_eq!(last_pages(&c).await, latest_pages(&["clicks-1.json"]));
-    let kinds = rows(&c, "SELECT name, kind FROM tidemark.relations ORDER BY name").await;
+    let kinds = rows(
+        &c,
+        "SELECT name, kind FROM tidemark.relations ORDER BY name",
+    )
+    .await;
     let kinds: Vec<String> = kinds
         .into_iter()
         .map(|r| format!("{}={}", r[0].clone().unwrap(), r[1].clone().unwrap()))
@@ -195,26 +215,29 @@ async fn example_project_runs_and_reruns_across_restarts() {
     }
 
     // Unchanged models leave the running queries alone; a new trigger is applied in place.
-    let runs = |c: &tokio_postgres::Client| {
-        let c = c;
-        async move { rows(c, "SELECT name, run_id FROM tidemark.queries ORDER BY name").await }
-    };
-    let before = runs(&c).await;
+    const RUNS: &str = "SELECT name, run_id FROM tidemark.queries ORDER BY name";
+    let before = rows(&c, RUNS).await;
     dbt(&project, port, &landing, &["run"]);
-    assert_eq!(runs(&c).await, before, "an unchanged run restarted a query");
+    assert_eq!(
+        rows(&c, RUNS).await,
+        before,
+        "an unchanged run restarted a query"
+    );
     let vars = format!(
         "{{landing: '{}', page_views_trigger: 'processing_time 1 second'}}",
         landing.display()
     );
     dbt(&project, port, &landing, &["run", "--vars", &vars]);
-    let trigger = rows(
-        &c,
-        "SELECT trigger FROM (SHOW SINKS) WHERE name = 'page_views_5m'",
-    )
-    .await;
-    assert_eq!(trigger[0][0].as_deref(), Some("processing_time 1 second"));
+    assert_eq!(
+        trigger_of(&c, "page_views_5m").await,
+        "processing_time 1 second"
+    );
     dbt(&project, port, &landing, &["test", "--vars", &vars]);
-    assert_eq!(windows(&c).await, SPARK_RUN1, "the altered sink wrote again");
+    assert_eq!(
+        windows(&c).await,
+        SPARK_RUN1,
+        "the altered sink wrote again"
+    );
 
     // A graceful restart, then a crash: what dbt made is all there, and runs on.
     server.stop().await;
@@ -225,12 +248,10 @@ async fn example_project_runs_and_reruns_across_restarts() {
     dbt(&project, port, &landing, &["run", "--vars", &vars]);
     dbt(&project, port, &landing, &["test", "--vars", &vars]);
     let c = server.connect().await;
-    let trigger = rows(
-        &c,
-        "SELECT trigger FROM (SHOW SINKS) WHERE name = 'page_views_5m'",
-    )
-    .await;
-    assert_eq!(trigger[0][0].as_deref(), Some("processing_time 1 second"));
+    assert_eq!(
+        trigger_of(&c, "page_views_5m").await,
+        "processing_time 1 second"
+    );
     assert_eq!(
         last_pages(&c).await,
         latest_pages(&["clicks-1.json", "clicks-2.json"])
@@ -250,7 +271,12 @@ async fn example_project_runs_and_reruns_across_restarts() {
     assert_eq!(windows(&c).await, want);
 
     // A full refresh starts the sinks over from the first file: the same rows, once.
-    dbt(&project, port, &landing, &["run", "--full-refresh", "--vars", &vars]);
+    dbt(
+        &project,
+        port,
+        &landing,
+        &["run", "--full-refresh", "--vars", &vars],
+    );
     assert_eq!(windows(&c).await, want);
     assert_eq!(
         last_pages(&c).await,

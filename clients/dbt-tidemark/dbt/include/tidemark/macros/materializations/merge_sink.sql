@@ -24,18 +24,17 @@
     {%- endcall %}
   {%- endif -%}
   {%- if load_relation(table) is none or should_full_refresh() -%}
-    {%- set columns = get_column_schema_from_query(sql) -%}
+    {#- The query's columns, with no rows: planned by Tidemark over the streams. -#}
     {% call statement('create_target', auto_begin=False) -%}
-      create table if not exists {{ table }} (
-        {%- for column in columns %}
-        {{ adapter.quote(column.name) }} {{ column.data_type }}{{ "," if not loop.last }}
-        {%- endfor %}
-      )
+      create table if not exists {{ table }} as
+      select * from (
+        {{ sql }}
+      ) as s limit 0
     {%- endcall %}
   {%- endif -%}
   {% call statement('main') -%}
     create or replace sink {{ target }} {{ tidemark__with_options('sink', skip=['path']) }} as
-    merge into {{ table }} as t
+    merge into {{ adapter.quote(table.identifier) }} as t
     using (
       {{ sql }}
     ) as s
