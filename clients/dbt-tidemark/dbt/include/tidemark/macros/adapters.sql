@@ -47,15 +47,6 @@
   {%- endcall %}
 {% endmacro %}
 
-{#- Only `public` exists: creating it is a no-op, as `create schema if not exists public`
-    is in Postgres. -#}
-{% macro tidemark__create_schema(relation) -%}
-  {%- if relation.schema | lower != 'public' -%}
-    {%- call statement('create_schema') -%}
-      create schema if not exists {{ relation.without_identifier().include(database=False) }}
-    {%- endcall -%}
-  {%- endif -%}
-{% endmacro %}
 
 {% macro tidemark__rename_relation(from_relation, to_relation) -%}
   {{ exceptions.raise_compiler_error(
