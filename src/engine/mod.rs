@@ -60,6 +60,8 @@ pub enum Output {
     Rows(SchemaRef, Vec<RecordBatch>),
     /// A command tag such as `CREATE SINK`.
     Command(String),
+    /// What happened, said to the client first (a Postgres `NOTICE`), then the output.
+    Notice(String, Box<Output>),
 }
 
 /// A running query's controls.

@@ -86,13 +86,24 @@ impl Engine {
         match replacement(&old, &new, table) {
             Replacement::Same => {
                 tracing::info!(name = %name, "CREATE OR REPLACE: the definition is unchanged");
-                return Ok(tag);
+                let notice = format!("{} \"{name}\" is unchanged: it keeps running", kind.noun());
+                return Ok(Output::Notice(notice, Box::new(tag)));
             }
             Replacement::Alter(options) => {
                 drop(cat);
                 tracing::info!(name = %name, options = ?options.0, "CREATE OR REPLACE: altering");
+                let set: Vec<String> = options
+                    .0
+                    .iter()
+                    .map(|(k, v)| format!("{k} = '{}'", v.replace('\'', "''")))
+                    .collect();
                 self.alter_sink(&name, options, kind).await?;
-                return Ok(tag);
+                let notice = format!(
+                    "{} \"{name}\" altered in place: SET ({})",
+                    kind.noun(),
+                    set.join(", ")
+                );
+                return Ok(Output::Notice(notice, Box::new(tag)));
             }
             Replacement::Redefine => {}
         }
@@ -187,7 +198,11 @@ impl Engine {
         if new.state == SinkState::Running {
             self.spawn(&cat, &new)?;
         }
-        Ok(tag)
+        let notice = format!(
+            "{} \"{name}\" replaced: its new query goes on from its checkpoint",
+            kind.noun()
+        );
+        Ok(Output::Notice(notice, Box::new(tag)))
     }
 }
 

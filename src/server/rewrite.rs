@@ -118,7 +118,7 @@ pub fn rewrite_client_query(sql: &str, session: &SessionFacts) -> Option<String>
             changed: false,
         };
         let _ = stmt.visit(&mut session);
-        changed = session.changed;
+        changed |= session.changed;
     }
     if catalog_case && let Some(text) = rewrite_catalog_case(stmt) {
         changed = true;
@@ -1541,6 +1541,21 @@ mod tests {
                 user: "ann".into(),
             },
         )
+    }
+
+    #[test]
+    fn a_database_part_is_dropped_whatever_else_the_query_holds() {
+        // dbt's column lookup: "information_schema" holds "format", a per-session word.
+        let sql = rewrite(
+            "/* {\"app\": \"dbt\"} */ select column_name from \"shop\".\"information_schema\".\"columns\" \
+             where table_name = 'base' and table_schema = 'public'",
+        )
+        .unwrap();
+        assert!(
+            sql.contains("FROM \"information_schema\".\"columns\""),
+            "{sql}"
+        );
+        assert!(rewrite("SELECT a FROM shop.sales.t WHERE a = 1").is_none());
     }
 
     #[test]

@@ -257,6 +257,8 @@ pub struct CreateSink {
 
 /// Parses one statement that [`super::split`] classified as Tidemark's.
 pub fn parse_tidemark(sql: &str) -> Result<TidemarkStatement> {
+    // Clients put comments first (dbt: `/* {"app": "dbt", ...} */ update ...`).
+    let sql = without_leading_comments(sql);
     if sql
         .trim_start()
         .get(..4)
@@ -596,6 +598,48 @@ fn parse_statement(p: &mut Parser) -> Result<TidemarkStatement> {
     )))
 }
 
+/// `sql` from its first word: leading blanks, `-- line` and `/* block */` comments
+/// (nested, as Postgres allows) skipped. An unclosed comment is left for the parser.
+fn without_leading_comments(sql: &str) -> &str {
+    let mut rest = sql.trim_start();
+    loop {
+        if let Some(line) = rest.strip_prefix("--") {
+            rest = line
+                .find('\n')
+                .map_or("", |end| &line[end + 1..])
+                .trim_start();
+        } else if rest.starts_with("/*") {
+            let mut depth = 0usize;
+            let mut end = None;
+            let bytes = rest.as_bytes();
+            let mut i = 0;
+            while i + 1 < bytes.len() {
+                match (bytes[i], bytes[i + 1]) {
+                    (b'/', b'*') => {
+                        depth += 1;
+                        i += 2;
+                    }
+                    (b'*', b'/') => {
+                        depth -= 1;
+                        i += 2;
+                        if depth == 0 {
+                            end = Some(i);
+                            break;
+                        }
+                    }
+                    _ => i += 1,
+                }
+            }
+            match end {
+                Some(end) => rest = rest[end..].trim_start(),
+                None => return rest,
+            }
+        } else {
+            return rest;
+        }
+    }
+}
+
 /// An identifier, lowercased unless quoted (as Postgres and DataFusion do).
 pub fn normalize_ident(ident: &Ident) -> String {
     if ident.quote_style.is_some() {
@@ -610,7 +654,12 @@ pub fn normalize_ident(ident: &Ident) -> String {
 /// schema `public`; another schema is Postgres's 3F000. Tidemark answers to any database
 /// name, so the database part is not checked.
 fn parse_name(p: &mut Parser) -> Result<String> {
-    let name = p.parse_object_name(false)?;
+    qualified_name(&p.parse_object_name(false)?)
+}
+
+/// A relation's name from `name`, `public.name` or `database.public.name` (Tidemark has
+/// one database, which answers to any name, and one schema); another schema is 3F000.
+pub(super) fn qualified_name(name: &datafusion::sql::sqlparser::ast::ObjectName) -> Result<String> {
     let parts = name
         .0
         .iter()
@@ -823,10 +872,7 @@ fn parse_update_or_delete(sql: &str) -> Result<TidemarkStatement> {
     });
     let table_of = |t: &TableWithJoins| -> Result<String> {
         match &t.relation {
-            TableFactor::Table { name, .. } if t.joins.is_empty() && name.0.len() == 1 => name.0[0]
-                .as_ident()
-                .map(normalize_ident)
-                .ok_or_else(|| Error::Syntax(format!("\"{name}\" is not a name"))),
+            TableFactor::Table { name, .. } if t.joins.is_empty() => qualified_name(name),
             other => Err(Error::unsupported(format!(
                 "{other}: UPDATE and DELETE change one table, by its name"
             ))),
@@ -1024,6 +1070,19 @@ fn option_atom(p: &mut Parser, is_key: bool) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn leading_comments_are_skipped() {
+        assert_eq!(
+            without_leading_comments("  -- a\n /* b /* nested */ c */\n UPDATE t SET a = 1"),
+            "UPDATE t SET a = 1"
+        );
+        assert_eq!(without_leading_comments("/* open"), "/* open");
+        assert!(matches!(
+            parse_tidemark("/* {\"app\": \"dbt\"} */ update \"tidemark\".\"public\".\"t\" set a = 1"),
+            Ok(TidemarkStatement::Update { ref table, .. }) if table == "t"
+        ));
+    }
 
     #[test]
     fn parses_create_stream_with_watermark() {

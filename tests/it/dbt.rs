@@ -217,7 +217,12 @@ async fn example_project_runs_and_reruns_across_restarts() {
     // Unchanged models leave the running queries alone; a new trigger is applied in place.
     const RUNS: &str = "SELECT name, run_id FROM tidemark.queries ORDER BY name";
     let before = rows(&c, RUNS).await;
-    dbt(&project, port, &landing, &["run"]);
+    let log = dbt(&project, port, &landing, &["run"]);
+    // The server's NOTICE says what CREATE OR REPLACE did, and dbt logs it.
+    assert!(
+        log.contains("sink \"page_views_5m\" is unchanged: it keeps running"),
+        "{log}"
+    );
     assert_eq!(
         rows(&c, RUNS).await,
         before,
@@ -227,7 +232,13 @@ async fn example_project_runs_and_reruns_across_restarts() {
         "{{landing: '{}', page_views_trigger: 'processing_time 1 second'}}",
         landing.display()
     );
-    dbt(&project, port, &landing, &["run", "--vars", &vars]);
+    let log = dbt(&project, port, &landing, &["run", "--vars", &vars]);
+    assert!(
+        log.contains(
+            "sink \"page_views_5m\" altered in place: SET (trigger = 'processing_time 1 second')"
+        ),
+        "{log}"
+    );
     assert_eq!(
         trigger_of(&c, "page_views_5m").await,
         "processing_time 1 second"
@@ -270,7 +281,27 @@ async fn example_project_runs_and_reruns_across_restarts() {
     );
     assert_eq!(windows(&c).await, want);
 
-    // A full refresh starts the sinks over from the first file: the same rows, once.
+    // A full refresh starts the sinks over with both files there. Spark, started fresh on
+    // both (one file per trigger, or both in one), counts the 10:03 click: the watermark
+    // that drops late rows is the one before the batch, and no batch came between the
+    // files. Spark's output, from shared/oracle-tools:
+    //   spark_windowed.py --landing <both files> --mode append [--max-files-per-trigger 100]
+    let want: Vec<String> = [
+        "2026-06-10 10:00:00|/home|2",
+        "2026-06-10 10:00:00|/pricing|2",
+        "2026-06-10 10:05:00|/home|1",
+        "2026-06-10 10:05:00|/pricing|1",
+        "2026-06-10 10:10:00|/home|2",
+        "2026-06-10 10:10:00|/pricing|1",
+        "2026-06-10 10:15:00|/home|1",
+        "2026-06-10 10:15:00|/pricing|1",
+        "2026-06-10 10:20:00|/home|2",
+        "2026-06-10 10:20:00|/pricing|1",
+        "2026-06-10 10:25:00|/home|1",
+        "2026-06-10 10:25:00|/pricing|1",
+    ]
+    .map(String::from)
+    .to_vec();
     dbt(
         &project,
         port,

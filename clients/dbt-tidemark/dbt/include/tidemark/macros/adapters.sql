@@ -113,3 +113,13 @@
     {%- endfor -%}
   {%- endif -%}
 {% endmacro %}
+
+{#- `CREATE TABLE ... AS`. Tidemark has no temporary tables: a "temporary" table (dbt's
+    staging of an incremental model's new rows) is a plain one with a name of its own
+    (`make_temp_relation` adds a timestamp), which whatever made it drops. -#}
+{% macro tidemark__create_table_as(temporary, relation, sql) -%}
+  {%- set sql_header = config.get('sql_header', none) -%}
+  {{ sql_header if sql_header is not none }}
+  create table {{ relation }} as
+  {{ sql }}
+{%- endmacro %}
