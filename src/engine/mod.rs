@@ -11,6 +11,7 @@ pub mod join;
 pub mod json;
 pub mod metrics;
 pub mod operator;
+mod plain_views;
 pub mod plan;
 pub mod progress;
 pub mod query;
@@ -209,6 +210,7 @@ impl Engine {
             registry.set(qs);
         }
         engine.set_roles(&catalog.roles);
+        engine.restore_views(&catalog.views).await;
         *engine.catalog.lock().await = catalog;
         Ok(engine)
     }
@@ -446,6 +448,12 @@ impl Engine {
                 if_exists,
                 purge,
             } => self.drop_table(&name, if_exists, purge).await,
+            TidemarkStatement::CreateView { name, sql } => self.create_view(name, sql).await,
+            TidemarkStatement::DropView {
+                names,
+                if_exists,
+                sql,
+            } => self.drop_views(names, if_exists, &sql).await,
             TidemarkStatement::Merge(spec) => self.merge(spec).await,
             TidemarkStatement::Update {
                 table,

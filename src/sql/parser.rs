@@ -114,6 +114,20 @@ pub enum TidemarkStatement {
         /// Delete the table's files too (only the table's own directory).
         purge: bool,
     },
+    /// `CREATE [OR REPLACE] VIEW name AS query`: a plain view, which DataFusion plans and
+    /// the catalog keeps (its statement's text) so that it outlives the process. `name` is
+    /// `None` for a view in a schema other than `public`, which is not kept.
+    CreateView {
+        name: Option<String>,
+        sql: String,
+    },
+    /// `DROP VIEW [IF EXISTS] name, ...`; `names` is `None` if one is in another schema
+    /// (DataFusion's statement `sql` alone drops them).
+    DropView {
+        names: Option<Vec<String>>,
+        if_exists: bool,
+        sql: String,
+    },
     /// A one-off `MERGE INTO`.
     Merge(super::merge::MergeSpec),
     /// `UPDATE table SET col = expr, ... [WHERE predicate]`, expressions as SQL text
@@ -288,6 +302,9 @@ pub fn parse_tidemark(sql: &str) -> Result<TidemarkStatement> {
     }
     if first.eq_ignore_ascii_case("UPDATE") || first.eq_ignore_ascii_case("DELETE") {
         return parse_update_or_delete(sql);
+    }
+    if let Some(view) = parse_view_statement(sql)? {
+        return Ok(view);
     }
     let sql = super::merge::quote_delta_paths(sql);
     let dialect = PostgreSqlDialect {};
@@ -596,6 +613,55 @@ fn parse_statement(p: &mut Parser) -> Result<TidemarkStatement> {
         "unexpected {} at the start of a statement",
         p.peek_token().token
     )))
+}
+
+/// `CREATE [OR REPLACE] VIEW` (not `TEMP`, not `MATERIALIZED`) and `DROP VIEW`, if `sql`
+/// is one of them: Tidemark keeps plain views in its catalog, and DataFusion plans them.
+fn parse_view_statement(sql: &str) -> Result<Option<TidemarkStatement>> {
+    use datafusion::sql::sqlparser::ast::{ObjectType, Statement};
+    let words: Vec<String> = sql
+        .split_whitespace()
+        .take(4)
+        .map(|w| w.to_ascii_uppercase())
+        .collect();
+    let words: Vec<&str> = words.iter().map(String::as_str).collect();
+    let is_view = matches!(
+        words.as_slice(),
+        ["CREATE", "VIEW", ..] | ["CREATE", "OR", "REPLACE", "VIEW"] | ["DROP", "VIEW", ..]
+    );
+    if !is_view {
+        return Ok(None);
+    }
+    let statements = Parser::parse_sql(&PostgreSqlDialect {}, sql)?;
+    let [statement] = statements.as_slice() else {
+        return Err(Error::Syntax("expected one statement".into()));
+    };
+    // A view in another schema (one `CREATE SCHEMA` made in DataFusion's memory, as dbt's
+    // tests do) stays DataFusion's alone: not kept (`None`).
+    let text = sql.trim().trim_end_matches(';').to_string();
+    Ok(match statement {
+        Statement::CreateView(v) if !v.temporary && !v.materialized => {
+            Some(TidemarkStatement::CreateView {
+                name: qualified_name(&v.name).ok(),
+                sql: text,
+            })
+        }
+        Statement::Drop {
+            object_type: ObjectType::View,
+            if_exists,
+            names,
+            ..
+        } => Some(TidemarkStatement::DropView {
+            names: names
+                .iter()
+                .map(qualified_name)
+                .collect::<Result<Vec<_>>>()
+                .ok(),
+            if_exists: *if_exists,
+            sql: text,
+        }),
+        _ => None,
+    })
 }
 
 /// `sql` from its first word: leading blanks, `-- line` and `/* block */` comments

@@ -70,7 +70,7 @@ fn dbt_adapter_suites_pass() {
 fn dbt(project: &Path, port: u16, landing: &Path, args: &[&str]) -> String {
     let vars = format!("{{landing: '{}'}}", landing.display());
     let mut all: Vec<&str> = args.to_vec();
-    if !args.iter().any(|a| *a == "--vars") {
+    if !args.contains(&"--vars") {
         all.extend(["--vars", &vars]);
     }
     let out = Command::new(python())
