@@ -795,6 +795,17 @@ pub struct Catalog {
     /// Roles made with `CREATE ROLE`, their passwords hashed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub roles: Vec<crate::auth::RoleDef>,
+    /// Plain views (`CREATE VIEW`), in the order they were made, each as its statement.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub views: Vec<ViewDef>,
+}
+
+/// A plain view: its name and the `CREATE [OR REPLACE] VIEW` statement that made it, which
+/// DataFusion plans again when the server starts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ViewDef {
+    pub name: String,
+    pub sql: String,
 }
 
 /// A table made with `CREATE TABLE`: a Delta table, read and changed by ordinary

@@ -19,6 +19,7 @@ pub enum SqlState {
     UndefinedFunction,
     DatatypeMismatch,
     DuplicateObject,
+    DuplicateTable,
     DependentObjectsStillExist,
     FeatureNotSupported,
     InvalidParameterValue,
@@ -48,6 +49,7 @@ pub enum SqlState {
     /// A remote engine (Spark) refused or failed what it was asked: Postgres's `fdw_error`,
     /// the class postgres_fdw and other foreign data wrappers report a remote failure with.
     FdwError,
+    InvalidSchemaName,
     InternalError,
 }
 
@@ -62,6 +64,7 @@ impl SqlState {
             SqlState::UndefinedFunction => "42883",
             SqlState::DatatypeMismatch => "42804",
             SqlState::DuplicateObject => "42710",
+            SqlState::DuplicateTable => "42P07",
             SqlState::DependentObjectsStillExist => "2BP01",
             SqlState::FeatureNotSupported => "0A000",
             SqlState::InvalidParameterValue => "22023",
@@ -89,6 +92,7 @@ impl SqlState {
             SqlState::IoError => "58030",
             SqlState::ConnectionFailure => "08006",
             SqlState::FdwError => "HV000",
+            SqlState::InvalidSchemaName => "3F000",
             SqlState::InternalError => "XX000",
         }
     }
@@ -227,6 +231,7 @@ impl Error {
                     SqlState::UndefinedTable
                 }
                 "column" => SqlState::UndefinedColumn,
+                "schema" => SqlState::InvalidSchemaName,
                 _ => SqlState::UndefinedObject,
             },
             Error::DuplicateObject { .. } => SqlState::DuplicateObject,

@@ -439,6 +439,10 @@ async fn run_statements_inner(engine: &Engine, text: &str) -> Result<(), Error> 
 fn print_output(output: Output) -> Result<(), Error> {
     match output {
         Output::Command(tag) => println!("{tag}"),
+        Output::Notice(notice, then) => {
+            eprintln!("NOTICE:  {notice}");
+            return print_output(*then);
+        }
         Output::Rows(schema, batches) => {
             let batches = if batches.is_empty() {
                 vec![datafusion::arrow::record_batch::RecordBatch::new_empty(

@@ -418,9 +418,16 @@ pub(super) async fn check_merge(
         Arc::new(MemTable::try_new(source.clone(), vec![vec![]])?),
     )?;
     let quote = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+    // Each expression named apart: one may appear in several clauses (dbt's snapshot
+    // MERGE sets and inserts the same source column).
+    let items: Vec<String> = exprs
+        .iter()
+        .enumerate()
+        .map(|(i, e)| format!("({e}) AS __merge_expr_{i}"))
+        .collect();
     let sql = format!(
         "SELECT {} FROM __merge_target AS {} CROSS JOIN __merge_source AS {}",
-        exprs.join(", "),
+        items.join(", "),
         quote(&spec.target_alias),
         quote(&spec.source_alias)
     );

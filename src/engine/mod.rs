@@ -11,9 +11,11 @@ pub mod join;
 pub mod json;
 pub mod metrics;
 pub mod operator;
+mod plain_views;
 pub mod plan;
 pub mod progress;
 pub mod query;
+mod replace;
 mod roles;
 pub mod settings;
 pub mod side_tables;
@@ -59,6 +61,8 @@ pub enum Output {
     Rows(SchemaRef, Vec<RecordBatch>),
     /// A command tag such as `CREATE SINK`.
     Command(String),
+    /// What happened, said to the client first (a Postgres `NOTICE`), then the output.
+    Notice(String, Box<Output>),
 }
 
 /// A running query's controls.
@@ -206,6 +210,7 @@ impl Engine {
             registry.set(qs);
         }
         engine.set_roles(&catalog.roles);
+        engine.restore_views(&catalog.views).await;
         *engine.catalog.lock().await = catalog;
         Ok(engine)
     }
@@ -340,15 +345,11 @@ impl Engine {
             .cloned()
     }
 
-    /// Makes a sink's output a table: its Delta table, or its committed files. A console
-    /// sink has no table.
-    async fn register_sink(&self, s: &SinkDef, cat: &Catalog) -> Result<()> {
-        let name = TableReference::bare(s.name.clone());
-        self.ctx.deregister_table(name.clone())?;
-        let connector = s.connector()?;
-        let output = match connector {
-            // A file sink needs the query's schema to read its files back, a view what
-            // the query writes to load its rows.
+    /// What a sink's query writes, as its output is read back: a file sink needs the query's
+    /// schema to read its files, a view what the query writes to load its rows. Other sinks
+    /// read their own table's schema (an empty one here).
+    async fn sink_output(s: &SinkDef, cat: &Catalog) -> Result<QueryOutput> {
+        match s.connector()? {
             SinkConnector::File(_) | SinkConnector::View => {
                 let streams = sink_streams_of(s, cat)?;
                 let mode = OutputMode::parse(&s.output_mode)?;
@@ -362,10 +363,19 @@ impl Engine {
                     &state_config(s),
                 )
                 .await?;
-                shape.output()
+                Ok(shape.output())
             }
-            _ => QueryOutput::append(Arc::new(Schema::empty())),
-        };
+            _ => Ok(QueryOutput::append(Arc::new(Schema::empty()))),
+        }
+    }
+
+    /// Makes a sink's output a table: its Delta table, or its committed files. A console
+    /// sink has no table.
+    async fn register_sink(&self, s: &SinkDef, cat: &Catalog) -> Result<()> {
+        let name = TableReference::bare(s.name.clone());
+        self.ctx.deregister_table(name.clone())?;
+        let connector = s.connector()?;
+        let output = Self::sink_output(s, cat).await?;
         if connector == SinkConnector::View {
             let store = crate::sink::view::open(&s.path, &output, &s.options)?;
             let view = crate::sink::view::ViewTable::new(store, s.query.clone());
@@ -390,7 +400,8 @@ impl Engine {
                 name,
                 if_exists,
                 kind,
-            } => self.drop_sink(&name, if_exists, kind).await,
+                purge,
+            } => self.drop_sink(&name, if_exists, kind, purge).await,
             TidemarkStatement::ShowStreams => self.show_streams().await,
             TidemarkStatement::ShowSinks => self.show_sinks().await,
             TidemarkStatement::ShowViews => self.show_views().await,
@@ -437,6 +448,12 @@ impl Engine {
                 if_exists,
                 purge,
             } => self.drop_table(&name, if_exists, purge).await,
+            TidemarkStatement::CreateView { name, sql } => self.create_view(name, sql).await,
+            TidemarkStatement::DropView {
+                names,
+                if_exists,
+                sql,
+            } => self.drop_views(names, if_exists, &sql).await,
             TidemarkStatement::Merge(spec) => self.merge(spec).await,
             TidemarkStatement::Update {
                 table,
@@ -744,6 +761,10 @@ impl Engine {
             if cs.if_not_exists {
                 return Ok(Output::Command(tag));
             }
+            if cs.or_replace && query_def(&cat, &cs.name, cs.kind).is_ok() {
+                drop(cat);
+                return self.replace_sink(cs).await;
+            }
             return Err(Error::DuplicateObject {
                 kind,
                 name: cs.name,
@@ -916,7 +937,13 @@ impl Engine {
         Ok(Output::Command("DROP STREAM".into()))
     }
 
-    async fn drop_sink(&self, name: &str, if_exists: bool, kind: QueryKind) -> Result<Output> {
+    async fn drop_sink(
+        &self,
+        name: &str,
+        if_exists: bool,
+        kind: QueryKind,
+        purge: bool,
+    ) -> Result<Output> {
         let tag = format!("DROP {}", kind.keyword());
         {
             let cat = self.catalog.lock().await;
@@ -951,9 +978,23 @@ impl Engine {
         if def.kind == QueryKind::MaterializedView {
             crate::sink::view::forget(&def.path);
         }
-        if def.owns_checkpoint {
+        // PURGE: the checkpoint goes wherever it is, and the sink's output too (its Delta
+        // table or files, as DROP TABLE ... PURGE deletes a table's), so that a sink made
+        // again starts from nothing. A MERGE sink's target is a table of its own, dropped
+        // with DROP TABLE.
+        if def.owns_checkpoint || purge {
             let _ = std::fs::remove_dir_all(&def.checkpoint);
             let _ = std::fs::remove_dir_all(spark_checkpoint(&def));
+        }
+        if purge && def.merge.is_none() && def.connector()?.has_path() {
+            let lock = crate::sink::delta::table_lock(&def.path);
+            let _write = lock.lock().await;
+            match std::fs::remove_dir_all(&def.path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(Error::io(format!("removing {}", def.path.display()), e));
+                }
+                _ => {}
+            }
         }
         Ok(Output::Command(tag))
     }
@@ -1857,8 +1898,18 @@ fn sink_streams(query: &str, cat: &Catalog) -> Result<(Vec<String>, Vec<String>)
     let mut names = Vec::new();
     for s in &stmts {
         let _ = visit_relations(s, |rel| {
-            if let Some(ident) = rel.0.last().and_then(|p| p.as_ident()) {
-                names.push((rel.0.len(), crate::sql::parser::normalize_ident(ident)));
+            let parts: Vec<String> = rel
+                .0
+                .iter()
+                .filter_map(|p| p.as_ident().map(crate::sql::parser::normalize_ident))
+                .collect();
+            // `public.name` is the name itself (dbt writes names so).
+            let parts = match parts.as_slice() {
+                [schema, name] if schema == "public" => vec![name.clone()],
+                _ => parts,
+            };
+            if let Some(name) = parts.last() {
+                names.push((parts.len(), name.clone()));
             }
             std::ops::ControlFlow::<()>::Continue(())
         });

@@ -197,6 +197,24 @@ fn reword_text(m: &str) -> Option<Worded> {
             format!("relation \"{}\" does not exist", relation_as_written(name)),
         ));
     }
+    // `DROP VIEW` of no view: `View 'v' doesn't exist.`
+    if let Some(rest) = m.strip_prefix("View '")
+        && let Some(name) = rest.strip_suffix("' doesn't exist.")
+    {
+        return Some(Worded::new(
+            SqlState::UndefinedTable,
+            format!("view \"{}\" does not exist", relation_as_written(name)),
+        ));
+    }
+    // `CREATE VIEW` of a name in use: `Table 'v' already exists`.
+    if let Some(rest) = m.strip_prefix("Table '")
+        && let Some(name) = rest.strip_suffix("' already exists")
+    {
+        return Some(Worded::new(
+            SqlState::DuplicateTable,
+            format!("relation \"{}\" already exists", relation_as_written(name)),
+        ));
+    }
     // A call whose arguments no signature takes; DataFusion names the call with Arrow types.
     if let Some(at) = m.find("No function matches the given name and argument types '") {
         let rest = &m[at + "No function matches the given name and argument types '".len()..];
@@ -398,6 +416,16 @@ mod tests {
                 "table 'datafusion.public.nope' not found".into()
             )),
             pair("42P01", "relation \"nope\" does not exist")
+        );
+        assert_eq!(
+            worded(DataFusionError::Execution(
+                "Table 'public.v' already exists".into()
+            )),
+            pair("42P07", "relation \"v\" already exists")
+        );
+        assert_eq!(
+            worded(DataFusionError::Execution("View 'v' doesn't exist.".into())),
+            pair("42P01", "view \"v\" does not exist")
         );
         assert_eq!(
             worded(DataFusionError::Plan(

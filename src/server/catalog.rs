@@ -59,6 +59,25 @@ pub fn install(engine: &Engine, catalog: &str) -> crate::error::Result<()> {
         // No column has a comment (there is no COMMENT ON yet).
         Arc::new(|_: &[ColumnarValue]| Ok(ColumnarValue::Scalar(ScalarValue::Utf8(None)))),
     ));
+    ctx.register_udf(create_udf(
+        "pg_is_other_temp_schema",
+        vec![DataType::Int64],
+        DataType::Boolean,
+        Volatility::Stable,
+        // Tidemark has no temporary schemas (dbt's catalog query asks).
+        Arc::new(|args: &[ColumnarValue]| {
+            Ok(match &args[0] {
+                ColumnarValue::Scalar(s) => {
+                    ColumnarValue::Scalar(ScalarValue::Boolean((!s.is_null()).then_some(false)))
+                }
+                ColumnarValue::Array(a) => ColumnarValue::Array(Arc::new(
+                    (0..a.len())
+                        .map(|i| a.is_valid(i).then_some(false))
+                        .collect::<BooleanArray>(),
+                )),
+            })
+        }),
+    ));
     for udf in super::activity::signal_udfs(engine.handle()) {
         ctx.register_udf(udf);
     }
@@ -707,6 +726,35 @@ async fn views(public: &Arc<dyn SchemaProvider>) -> Result<Vec<(String, String)>
     Ok(out)
 }
 
+/// The plain views (`CREATE VIEW`) in `public`, with their definitions, by name.
+async fn plain_views(public: &Arc<dyn SchemaProvider>) -> Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for name in public.table_names() {
+        if let Some(t) = public.table(&name).await?
+            && let Some(v) = t.downcast_ref::<datafusion::catalog::view::ViewTable>()
+        {
+            let definition = v.definition().map(|d| view_query(d)).unwrap_or_default();
+            out.push((name, definition));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The query of a `CREATE VIEW` statement's text (DataFusion keeps the statement), as
+/// Postgres's `pg_views.definition` gives it: ` SELECT ...;`.
+fn view_query(statement: &str) -> String {
+    use datafusion::sql::sqlparser::ast::Statement;
+    let parsed = datafusion::sql::sqlparser::parser::Parser::parse_sql(
+        &datafusion::sql::sqlparser::dialect::PostgreSqlDialect {},
+        statement,
+    );
+    match parsed.as_deref() {
+        Ok([Statement::CreateView(v)]) => format!(" {};", v.query),
+        _ => statement.to_string(),
+    }
+}
+
 impl PgCatalog {
     async fn pg_class(&self) -> Result<Option<Arc<PgClass>>> {
         let (Some(inner), Some(namespaces)) = (
@@ -825,6 +873,7 @@ impl SchemaProvider for PgCatalog {
                 Arc::new(Patched(Arc::new(PgDatabase { inner }))) as Arc<dyn TableProvider>
             })),
             "pg_matviews" => Ok(Some(Arc::new(pg_matviews(&views(&self.public).await?)?))),
+            "pg_views" => Ok(Some(Arc::new(pg_views(&plain_views(&self.public).await?)?))),
             "pg_settings" => Ok(Some(Arc::new(pg_settings()?))),
             "pg_roles" | "pg_authid" | "pg_user" => {
                 let (Some(roles), Some(predefined)) = (
@@ -1056,6 +1105,29 @@ fn pg_matviews(views: &[(String, String)]) -> Result<MemTable> {
             Arc::new(BooleanArray::from(vec![true; n])),
             Arc::new(BooleanArray::from(vec![true; n])),
             text(views.iter().map(|(_, d)| Some(format!(" {d};"))).collect()),
+        ],
+    )?;
+    MemTable::try_new(schema, vec![vec![batch]])
+}
+
+/// `pg_views`: the plain views in `public` (datafusion-postgres's is empty), owned by the
+/// bootstrap superuser as every relation is (`pg_class.relowner`).
+fn pg_views(views: &[(String, String)]) -> Result<MemTable> {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("schemaname", DataType::Utf8, true),
+        Field::new("viewname", DataType::Utf8, true),
+        Field::new("viewowner", DataType::Utf8, true),
+        Field::new("definition", DataType::Utf8, true),
+    ]));
+    let n = views.len();
+    let text = |v: Vec<Option<String>>| Arc::new(StringArray::from(v)) as ArrayRef;
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            text(vec![Some("public".into()); n]),
+            text(views.iter().map(|(name, _)| Some(name.clone())).collect()),
+            text(vec![Some("postgres".into()); n]),
+            text(views.iter().map(|(_, d)| Some(d.clone())).collect()),
         ],
     )?;
     MemTable::try_new(schema, vec![vec![batch]])

@@ -359,6 +359,8 @@ async fn encode_output(
     use datafusion_postgres::arrow_pg::datatypes::encode_recordbatch;
     match output {
         Output::Command(tag) => Ok(Response::Execution(Tag::new(&tag))),
+        // `run_tidemark` sends the notice; here only the output is left.
+        Output::Notice(_, then) => Box::pin(encode_output(_engine, *then, format)).await,
         Output::Rows(schema, batches) => {
             let fields = Arc::new(arrow_schema_to_pg_fields(&schema, format, None)?);
             let encode = fields.clone();
@@ -425,8 +427,10 @@ impl TidemarkService {
         format: &Format,
     ) -> PgWireResult<Response>
     where
-        C: ClientInfo + ClientPortalStore,
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
         C::PortalStore: PortalStore,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         let stmt = parse_tidemark(text).map_err(|e| to_pg_error(&e))?;
         match stmt {
@@ -464,11 +468,18 @@ impl TidemarkService {
         // FLUSH only waits: a cancel or statement_timeout may stop it.
         let waits = matches!(stmt, crate::sql::TidemarkStatement::Flush { .. });
         let work = async { self.engine.execute(stmt).await.map_err(|e| to_pg_error(&e)) };
-        let output = if waits {
+        let mut output = if waits {
             interrupt::race(work, interrupt::watch(client).await).await?
         } else {
             work.await?
         };
+        while let Output::Notice(notice, then) = output {
+            let info = ErrorInfo::new("NOTICE".into(), "00000".into(), notice);
+            client
+                .feed(PgWireBackendMessage::NoticeResponse(info.into()))
+                .await?;
+            output = *then;
+        }
         encode_output(&self.engine, output, format).await
     }
 

@@ -88,7 +88,14 @@ pub fn rewrite_client_query(sql: &str, session: &SessionFacts) -> Option<String>
     };
     let regproc_join =
         lower.contains("pg_proc") && REGPROC_COLUMNS.iter().any(|c| lower.contains(c));
-    if !(catalog_case || per_session || catalog_subqueries || query || regproc_join) {
+    let database_names = may_name_a_database(&lower);
+    if !(catalog_case
+        || per_session
+        || catalog_subqueries
+        || query
+        || regproc_join
+        || database_names)
+    {
         return None;
     }
     let mut statements = Parser::parse_sql(&PostgreSqlDialect {}, sql).ok()?;
@@ -103,13 +110,15 @@ pub fn rewrite_client_query(sql: &str, session: &SessionFacts) -> Option<String>
     }
     let before = unnamed_items(stmt);
     let mut changed = false;
+    let dropped_database = database_names && drop_database_names(stmt);
+    changed |= dropped_database;
     if per_session {
         let mut session = SessionRewrite {
             session,
             changed: false,
         };
         let _ = stmt.visit(&mut session);
-        changed = session.changed;
+        changed |= session.changed;
     }
     if catalog_case && let Some(text) = rewrite_catalog_case(stmt) {
         changed = true;
@@ -140,10 +149,42 @@ pub fn rewrite_client_query(sql: &str, session: &SessionFacts) -> Option<String>
     // Grafana's search-path query is one datafusion-postgres replaces (with no rows);
     // Tidemark answers it.
     let search_path = lower.contains("current_setting('search_path')");
-    if !changed || (!search_path && replaced_by_datafusion_postgres(sql)) {
+    if !changed || (!search_path && !dropped_database && replaced_by_datafusion_postgres(sql)) {
         return None;
     }
     Some(stmt.to_string())
+}
+
+/// The schemas a `database.schema.name` can name here.
+const SCHEMAS: [&str; 3] = ["public", "information_schema", "pg_catalog"];
+
+/// Whether `lower` may hold `database.schema.name` (dbt writes every name so): the cheap
+/// test before a parse.
+fn may_name_a_database(lower: &str) -> bool {
+    SCHEMAS
+        .iter()
+        .any(|s| lower.contains(&format!("\".\"{s}\".")) || lower.contains(&format!(".{s}.")))
+}
+
+/// `database.schema.name` as `schema.name`: Tidemark has one database and answers to any
+/// name (as `current_database()` does), and DataFusion resolves two-part names only.
+fn drop_database_names(stmt: &mut datafusion::sql::sqlparser::ast::Statement) -> bool {
+    let mut changed = false;
+    let _ = datafusion::sql::sqlparser::ast::visit_relations_mut(stmt, |name| {
+        let schema = name.0.get(1).and_then(|p| p.as_ident()).map(|i| {
+            if i.quote_style.is_some() {
+                i.value.clone()
+            } else {
+                i.value.to_ascii_lowercase()
+            }
+        });
+        if name.0.len() == 3 && schema.is_some_and(|s| SCHEMAS.contains(&s.as_str())) {
+            name.0.remove(0);
+            changed = true;
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    changed
 }
 
 /// Whether `select` (lower case) lists plain columns only (`SELECT a, t.b, "C", * FROM`),
@@ -1500,6 +1541,21 @@ mod tests {
                 user: "ann".into(),
             },
         )
+    }
+
+    #[test]
+    fn a_database_part_is_dropped_whatever_else_the_query_holds() {
+        // dbt's column lookup: "information_schema" holds "format", a per-session word.
+        let sql = rewrite(
+            "/* {\"app\": \"dbt\"} */ select column_name from \"shop\".\"information_schema\".\"columns\" \
+             where table_name = 'base' and table_schema = 'public'",
+        )
+        .unwrap();
+        assert!(
+            sql.contains("FROM \"information_schema\".\"columns\""),
+            "{sql}"
+        );
+        assert!(rewrite("SELECT a FROM shop.sales.t WHERE a = 1").is_none());
     }
 
     #[test]

@@ -200,10 +200,10 @@ pub fn parse_merge(p: &mut Parser) -> Result<MergeSpec> {
                 }
             }
         }
+        // `public.t`, `db.public.t`: the table's name, which the clauses may use.
         _ => {
-            return Err(Error::Syntax(format!(
-                "\"{target_name}\": a MERGE target is a table's name or delta.`/path`"
-            )));
+            let name = super::parser::qualified_name(&target_name)?;
+            (MergeTarget::Table(name.clone()), Some(name))
         }
     };
     let target_alias = match parse_alias(p)? {
@@ -248,7 +248,7 @@ pub fn parse_merge(p: &mut Parser) -> Result<MergeSpec> {
         )));
     }
     p.expect_keyword_is(Keyword::ON)?;
-    let on = p.parse_expr()?.to_string();
+    let on = expr_text(p.parse_expr()?);
     let mut clauses = Vec::new();
     while p.parse_keyword(Keyword::WHEN) {
         clauses.push(parse_clause(p)?);
@@ -301,7 +301,7 @@ fn parse_clause(p: &mut Parser) -> Result<MergeClause> {
         MergeWhen::Matched
     };
     let condition = if p.parse_keyword(Keyword::AND) {
-        Some(p.parse_expr()?.to_string())
+        Some(expr_text(p.parse_expr()?))
     } else {
         None
     };
@@ -339,7 +339,7 @@ fn parse_clause(p: &mut Parser) -> Result<MergeClause> {
                         .and_then(|p| p.as_ident())
                         .map(normalize_ident)
                         .ok_or_else(|| Error::Syntax(format!("\"{name}\" is not a column")))?;
-                    sets.push((column, a.value.to_string()));
+                    sets.push((column, expr_text(a.value)));
                 }
                 MergeAction::Update(sets)
             }
@@ -372,7 +372,7 @@ fn parse_clause(p: &mut Parser) -> Result<MergeClause> {
                 }
                 MergeAction::Insert {
                     columns,
-                    values: values.iter().map(ToString::to_string).collect(),
+                    values: values.into_iter().map(expr_text).collect(),
                 }
             }
         }
@@ -397,6 +397,28 @@ fn parse_clause(p: &mut Parser) -> Result<MergeClause> {
         condition,
         action,
     })
+}
+
+/// An expression's text with its unquoted names in lower case, as Postgres folds them:
+/// delta-rs resolves the text with the aliases as written here (`AS DBT_INTERNAL_SOURCE`
+/// is `dbt_internal_source`), and did not fold a qualifier.
+fn expr_text(mut expr: Expr) -> String {
+    use datafusion::sql::sqlparser::ast::{Ident, visit_expressions_mut};
+    use std::ops::ControlFlow;
+    let fold = |i: &mut Ident| {
+        if i.quote_style.is_none() {
+            i.value = i.value.to_lowercase();
+        }
+    };
+    let _ = visit_expressions_mut(&mut expr, |e| {
+        match e {
+            Expr::Identifier(i) => fold(i),
+            Expr::CompoundIdentifier(parts) => parts.iter_mut().for_each(fold),
+            _ => {}
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    expr.to_string()
 }
 
 #[cfg(test)]
@@ -439,6 +461,36 @@ mod tests {
         assert_eq!(m.clauses[0].action, MergeAction::UpdateAll);
         assert_eq!(m.clauses[1].action, MergeAction::InsertAll);
         assert!(!m.acts_without_source());
+    }
+
+    #[test]
+    fn unquoted_names_fold_to_lower_case_as_the_aliases_do() {
+        let m = parse(
+            "MERGE INTO snap AS DEST USING staged AS SRC ON SRC.ID = DEST.id \
+             WHEN MATCHED AND Dest.\"Valid\" IS NULL THEN UPDATE SET v = SRC.V \
+             WHEN NOT MATCHED THEN INSERT (id) VALUES (SRC.Id)",
+        )
+        .unwrap();
+        assert_eq!(
+            (m.target_alias.as_str(), m.source_alias.as_str()),
+            ("dest", "src")
+        );
+        assert_eq!(m.on, "src.id = dest.id");
+        assert_eq!(
+            m.clauses[0].condition.as_deref(),
+            Some("dest.\"Valid\" IS NULL")
+        );
+        assert_eq!(
+            m.clauses[0].action,
+            MergeAction::Update(vec![("v".into(), "src.v".into())])
+        );
+        assert_eq!(
+            m.clauses[1].action,
+            MergeAction::Insert {
+                columns: vec!["id".into()],
+                values: vec!["src.id".into()]
+            }
+        );
     }
 
     #[test]

@@ -109,7 +109,13 @@ fn is_tidemark(words: &[String]) -> bool {
     }
     let w = |i: usize| words.get(i).map(String::as_str).unwrap_or("");
     match w(0) {
-        "CREATE" | "DROP" => matches!(w(1), "STREAM" | "SINK" | "MATERIALIZED" | "TABLE"),
+        "CREATE" | "DROP" => {
+            matches!(w(1), "STREAM" | "SINK" | "MATERIALIZED" | "TABLE" | "VIEW")
+                || (w(0) == "CREATE"
+                    && w(1) == "OR"
+                    && w(2) == "REPLACE"
+                    && matches!(w(3), "SINK" | "MATERIALIZED" | "VIEW"))
+        }
         // Tables are Delta tables: their changes go through deltalake.
         "MERGE" | "UPDATE" | "DELETE" => true,
         // `SHOW` of a setting is ours too (the wire answers it from the session), and a bare

@@ -49,6 +49,8 @@ pub enum TidemarkStatement {
         name: String,
         if_exists: bool,
         kind: QueryKind,
+        /// `DROP SINK name PURGE`: the sink's table in the data directory goes too.
+        purge: bool,
     },
     ShowStreams,
     ShowSinks,
@@ -111,6 +113,20 @@ pub enum TidemarkStatement {
         if_exists: bool,
         /// Delete the table's files too (only the table's own directory).
         purge: bool,
+    },
+    /// `CREATE [OR REPLACE] VIEW name AS query`: a plain view, which DataFusion plans and
+    /// the catalog keeps (its statement's text) so that it outlives the process. `name` is
+    /// `None` for a view in a schema other than `public`, which is not kept.
+    CreateView {
+        name: Option<String>,
+        sql: String,
+    },
+    /// `DROP VIEW [IF EXISTS] name, ...`; `names` is `None` if one is in another schema
+    /// (DataFusion's statement `sql` alone drops them).
+    DropView {
+        names: Option<Vec<String>>,
+        if_exists: bool,
+        sql: String,
     },
     /// A one-off `MERGE INTO`.
     Merge(super::merge::MergeSpec),
@@ -241,6 +257,10 @@ pub struct CreateSink {
     pub kind: QueryKind,
     pub name: String,
     pub if_not_exists: bool,
+    /// `CREATE OR REPLACE`: an existing sink or view of the name is kept when the
+    /// definition is the same, altered when only alterable options differ, and replaced
+    /// over its checkpoint otherwise (see `Engine::replace_sink`).
+    pub or_replace: bool,
     pub options: Options,
     /// The `AS` query, as text DataFusion plans; a MERGE sink's `USING` query.
     pub query: String,
@@ -251,6 +271,8 @@ pub struct CreateSink {
 
 /// Parses one statement that [`super::split`] classified as Tidemark's.
 pub fn parse_tidemark(sql: &str) -> Result<TidemarkStatement> {
+    // Clients put comments first (dbt: `/* {"app": "dbt", ...} */ update ...`).
+    let sql = without_leading_comments(sql);
     if sql
         .trim_start()
         .get(..4)
@@ -280,6 +302,9 @@ pub fn parse_tidemark(sql: &str) -> Result<TidemarkStatement> {
     }
     if first.eq_ignore_ascii_case("UPDATE") || first.eq_ignore_ascii_case("DELETE") {
         return parse_update_or_delete(sql);
+    }
+    if let Some(view) = parse_view_statement(sql)? {
+        return Ok(view);
     }
     let sql = super::merge::quote_delta_paths(sql);
     let dialect = PostgreSqlDialect {};
@@ -389,6 +414,22 @@ fn parse_statement(p: &mut Parser) -> Result<TidemarkStatement> {
         return Ok(TidemarkStatement::Merge(super::merge::parse_merge(p)?));
     }
     if parse_word(p, "CREATE") {
+        if p.parse_keywords(&[Keyword::OR, Keyword::REPLACE]) {
+            let kind = parse_query_kind(p).map_err(|_| {
+                Error::Syntax(format!(
+                    "CREATE OR REPLACE makes a SINK or a MATERIALIZED VIEW, found {}",
+                    p.peek_token().token
+                ))
+            })?;
+            let mut sink = parse_create_sink(p, kind)?;
+            if sink.if_not_exists {
+                return Err(Error::Syntax(
+                    "CREATE OR REPLACE and IF NOT EXISTS cannot be combined".into(),
+                ));
+            }
+            sink.or_replace = true;
+            return Ok(TidemarkStatement::CreateSink(sink));
+        }
         if parse_word(p, "TABLE") {
             return Ok(TidemarkStatement::CreateTable(parse_create_table(p)?));
         }
@@ -427,12 +468,14 @@ fn parse_statement(p: &mut Parser) -> Result<TidemarkStatement> {
         };
         let if_exists = p.parse_keywords(&[Keyword::IF, Keyword::EXISTS]);
         let name = parse_name(p)?;
+        let purge = kind == Some(QueryKind::Sink) && p.parse_keyword(Keyword::PURGE);
         return Ok(match kind {
             None => TidemarkStatement::DropStream { name, if_exists },
             Some(kind) => TidemarkStatement::DropSink {
                 name,
                 if_exists,
                 kind,
+                purge,
             },
         });
     }
@@ -572,6 +615,97 @@ fn parse_statement(p: &mut Parser) -> Result<TidemarkStatement> {
     )))
 }
 
+/// `CREATE [OR REPLACE] VIEW` (not `TEMP`, not `MATERIALIZED`) and `DROP VIEW`, if `sql`
+/// is one of them: Tidemark keeps plain views in its catalog, and DataFusion plans them.
+fn parse_view_statement(sql: &str) -> Result<Option<TidemarkStatement>> {
+    use datafusion::sql::sqlparser::ast::{ObjectType, Statement};
+    let words: Vec<String> = sql
+        .split_whitespace()
+        .take(4)
+        .map(|w| w.to_ascii_uppercase())
+        .collect();
+    let words: Vec<&str> = words.iter().map(String::as_str).collect();
+    let is_view = matches!(
+        words.as_slice(),
+        ["CREATE", "VIEW", ..] | ["CREATE", "OR", "REPLACE", "VIEW"] | ["DROP", "VIEW", ..]
+    );
+    if !is_view {
+        return Ok(None);
+    }
+    let statements = Parser::parse_sql(&PostgreSqlDialect {}, sql)?;
+    let [statement] = statements.as_slice() else {
+        return Err(Error::Syntax("expected one statement".into()));
+    };
+    // A view in another schema (one `CREATE SCHEMA` made in DataFusion's memory, as dbt's
+    // tests do) stays DataFusion's alone: not kept (`None`).
+    let text = sql.trim().trim_end_matches(';').to_string();
+    Ok(match statement {
+        Statement::CreateView(v) if !v.temporary && !v.materialized => {
+            Some(TidemarkStatement::CreateView {
+                name: qualified_name(&v.name).ok(),
+                sql: text,
+            })
+        }
+        Statement::Drop {
+            object_type: ObjectType::View,
+            if_exists,
+            names,
+            ..
+        } => Some(TidemarkStatement::DropView {
+            names: names
+                .iter()
+                .map(qualified_name)
+                .collect::<Result<Vec<_>>>()
+                .ok(),
+            if_exists: *if_exists,
+            sql: text,
+        }),
+        _ => None,
+    })
+}
+
+/// `sql` from its first word: leading blanks, `-- line` and `/* block */` comments
+/// (nested, as Postgres allows) skipped. An unclosed comment is left for the parser.
+fn without_leading_comments(sql: &str) -> &str {
+    let mut rest = sql.trim_start();
+    loop {
+        if let Some(line) = rest.strip_prefix("--") {
+            rest = line
+                .find('\n')
+                .map_or("", |end| &line[end + 1..])
+                .trim_start();
+        } else if rest.starts_with("/*") {
+            let mut depth = 0usize;
+            let mut end = None;
+            let bytes = rest.as_bytes();
+            let mut i = 0;
+            while i + 1 < bytes.len() {
+                match (bytes[i], bytes[i + 1]) {
+                    (b'/', b'*') => {
+                        depth += 1;
+                        i += 2;
+                    }
+                    (b'*', b'/') => {
+                        depth -= 1;
+                        i += 2;
+                        if depth == 0 {
+                            end = Some(i);
+                            break;
+                        }
+                    }
+                    _ => i += 1,
+                }
+            }
+            match end {
+                Some(end) => rest = rest[end..].trim_start(),
+                None => return rest,
+            }
+        } else {
+            return rest;
+        }
+    }
+}
+
 /// An identifier, lowercased unless quoted (as Postgres and DataFusion do).
 pub fn normalize_ident(ident: &Ident) -> String {
     if ident.quote_style.is_some() {
@@ -581,17 +715,37 @@ pub fn normalize_ident(ident: &Ident) -> String {
     }
 }
 
+/// A stream's, sink's, view's or table's name: `name`, `public.name` or
+/// `database.public.name`, as dbt and other tools qualify names. Every object lives in
+/// schema `public`; another schema is Postgres's 3F000. Tidemark answers to any database
+/// name, so the database part is not checked.
 fn parse_name(p: &mut Parser) -> Result<String> {
-    let name = p.parse_object_name(false)?;
-    if name.0.len() != 1 {
-        return Err(Error::Syntax(format!(
-            "\"{name}\": streams and sinks have unqualified names"
-        )));
+    qualified_name(&p.parse_object_name(false)?)
+}
+
+/// A relation's name from `name`, `public.name` or `database.public.name` (Tidemark has
+/// one database, which answers to any name, and one schema); another schema is 3F000.
+pub(super) fn qualified_name(name: &datafusion::sql::sqlparser::ast::ObjectName) -> Result<String> {
+    let parts = name
+        .0
+        .iter()
+        .map(|part| {
+            part.as_ident()
+                .map(normalize_ident)
+                .ok_or_else(|| Error::Syntax(format!("\"{name}\" is not a name")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    match parts.as_slice() {
+        [name] => Ok(name.clone()),
+        [schema, name] | [_, schema, name] if schema == "public" => Ok(name.clone()),
+        [schema, _] | [_, schema, _] => Err(Error::UndefinedObject {
+            kind: "schema",
+            name: schema.clone(),
+        }),
+        _ => Err(Error::Syntax(format!(
+            "improper qualified name (too many dotted names): {name}"
+        ))),
     }
-    let ident = name.0[0]
-        .as_ident()
-        .ok_or_else(|| Error::Syntax(format!("\"{name}\" is not a name")))?;
-    Ok(normalize_ident(ident))
 }
 
 /// A `LISTEN`/`NOTIFY` channel: an identifier, folded to lower case unless quoted, and
@@ -735,6 +889,7 @@ fn parse_create_sink(p: &mut Parser, kind: QueryKind) -> Result<CreateSink> {
             kind,
             name,
             if_not_exists,
+            or_replace: false,
             options,
             query: merge.source.clone(),
             merge: Some(merge),
@@ -745,6 +900,7 @@ fn parse_create_sink(p: &mut Parser, kind: QueryKind) -> Result<CreateSink> {
         kind,
         name,
         if_not_exists,
+        or_replace: false,
         options,
         query: query.to_string(),
         merge: None,
@@ -782,10 +938,7 @@ fn parse_update_or_delete(sql: &str) -> Result<TidemarkStatement> {
     });
     let table_of = |t: &TableWithJoins| -> Result<String> {
         match &t.relation {
-            TableFactor::Table { name, .. } if t.joins.is_empty() && name.0.len() == 1 => name.0[0]
-                .as_ident()
-                .map(normalize_ident)
-                .ok_or_else(|| Error::Syntax(format!("\"{name}\" is not a name"))),
+            TableFactor::Table { name, .. } if t.joins.is_empty() => qualified_name(name),
             other => Err(Error::unsupported(format!(
                 "{other}: UPDATE and DELETE change one table, by its name"
             ))),
@@ -985,6 +1138,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn leading_comments_are_skipped() {
+        assert_eq!(
+            without_leading_comments("  -- a\n /* b /* nested */ c */\n UPDATE t SET a = 1"),
+            "UPDATE t SET a = 1"
+        );
+        assert_eq!(without_leading_comments("/* open"), "/* open");
+        assert!(matches!(
+            parse_tidemark("/* {\"app\": \"dbt\"} */ update \"tidemark\".\"public\".\"t\" set a = 1"),
+            Ok(TidemarkStatement::Update { ref table, .. }) if table == "t"
+        ));
+    }
+
+    #[test]
     fn parses_create_stream_with_watermark() {
         let s = parse_tidemark(
             "CREATE STREAM IF NOT EXISTS Clicks (user_id TEXT, event_time TIMESTAMP, \
@@ -1008,6 +1174,26 @@ mod tests {
             })
         );
         assert_eq!(cs.options.get("max_files_per_trigger"), Some("10"));
+    }
+
+    #[test]
+    fn names_may_be_qualified_with_public_and_any_database() {
+        for sql in [
+            "DROP SINK s",
+            "DROP SINK public.s",
+            "DROP SINK PUBLIC.s",
+            "DROP SINK \"analytics\".\"public\".\"s\"",
+        ] {
+            let Ok(TidemarkStatement::DropSink { name, .. }) = parse_tidemark(sql) else {
+                panic!("{sql}")
+            };
+            assert_eq!(name, "s", "{sql}");
+        }
+        let e = parse_tidemark("DROP SINK staging.s").unwrap_err();
+        assert_eq!(e.sqlstate().code(), "3F000");
+        assert_eq!(e.to_string(), "schema \"staging\" does not exist");
+        let e = parse_tidemark("DROP SINK a.b.c.d").unwrap_err();
+        assert_eq!(e.sqlstate().code(), "42601");
     }
 
     #[test]
@@ -1036,14 +1222,20 @@ mod tests {
                 name: "MySink".into(),
                 if_exists: true,
                 kind: QueryKind::Sink,
+                purge: false,
             }
         );
+        assert!(matches!(
+            parse_tidemark("DROP SINK s PURGE").unwrap(),
+            TidemarkStatement::DropSink { purge: true, .. }
+        ));
         assert_eq!(
             parse_tidemark("drop materialized view v").unwrap(),
             TidemarkStatement::DropSink {
                 name: "v".into(),
                 if_exists: false,
                 kind: QueryKind::MaterializedView,
+                purge: false,
             }
         );
         assert_eq!(

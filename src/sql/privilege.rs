@@ -111,6 +111,8 @@ pub fn of_tidemark(stmt: &TidemarkStatement) -> Vec<Need> {
         | S::Optimize { .. }
         | S::CreateTable(_)
         | S::DropTable { .. }
+        | S::CreateView { .. }
+        | S::DropView { .. }
         | S::CreateRole { .. }
         | S::AlterRole { .. }
         | S::DropRole { .. }

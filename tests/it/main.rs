@@ -4,6 +4,7 @@ mod architecture;
 mod catalog;
 mod clients;
 mod crash;
+mod dbt;
 mod delta;
 mod errors;
 mod failure;
