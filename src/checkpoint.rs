@@ -373,8 +373,9 @@ fn min_policy() -> String {
 }
 
 /// Checks that the checkpoint at `root` (if it has a recorded definition) can serve
-/// `wanted`; names the change if not.
-pub fn check_definition(root: &Path, sink: &str, wanted: &CheckpointDefinition) -> Result<()> {
+/// `wanted`, the definition of `query` (`sink "x"`, `materialized view "x"`: how the error
+/// names it); names the change if not.
+pub fn check_definition(root: &Path, query: &str, wanted: &CheckpointDefinition) -> Result<()> {
     let file = root.join(DEFINITION_FILE);
     let text = match std::fs::read_to_string(&file) {
         Ok(t) => t,
@@ -391,7 +392,7 @@ pub fn check_definition(root: &Path, sink: &str, wanted: &CheckpointDefinition) 
         None => Ok(()),
         Some(change) => Err(Error::IncompatibleCheckpoint {
             message: format!(
-                "sink \"{sink}\" cannot continue from checkpoint \"{}\": {change}",
+                "{query} cannot continue from checkpoint \"{}\": {change}",
                 root.display()
             ),
             hint: "Restore the previous definition, or use a new checkpoint_location (the \
@@ -402,8 +403,8 @@ pub fn check_definition(root: &Path, sink: &str, wanted: &CheckpointDefinition) 
 }
 
 /// Checks, then records, the definition the checkpoint at `root` serves.
-pub fn record_definition(root: &Path, sink: &str, wanted: &CheckpointDefinition) -> Result<()> {
-    check_definition(root, sink, wanted)?;
+pub fn record_definition(root: &Path, query: &str, wanted: &CheckpointDefinition) -> Result<()> {
+    check_definition(root, query, wanted)?;
     let file = root.join(DEFINITION_FILE);
     if !file.exists() {
         write_atomic(&file, to_json(wanted)?.as_bytes())?;

@@ -790,7 +790,7 @@ impl Engine {
         let streams = sink_streams_of(&def, &cat)?;
         crate::checkpoint::check_definition(
             &def.checkpoint,
-            &def.name,
+            &format!("{} \"{}\"", def.kind.noun(), def.name),
             &query::checkpoint_definition(&def, &streams, &shape),
         )?;
         def.connector()?

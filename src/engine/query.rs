@@ -767,7 +767,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
     });
     crate::checkpoint::record_definition(
         ckpt.root(),
-        &def.name,
+        &format!("{} \"{}\"", def.kind.noun(), def.name),
         &checkpoint_definition(&def, &streams, &shape),
     )?;
     let sink = def

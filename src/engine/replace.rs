@@ -130,7 +130,7 @@ impl Engine {
         let streams = sink_streams_of(&new, &cat)?;
         crate::checkpoint::check_definition(
             &new.checkpoint,
-            &new.name,
+            &format!("{} \"{}\"", kind.noun(), new.name),
             &query::checkpoint_definition(&new, &streams, &shape),
         )?;
         let connector = new.connector()?;
