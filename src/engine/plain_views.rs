@@ -3,24 +3,53 @@
 //! starts, so a view outlives the process as it does in Postgres. `TEMP` views stay
 //! DataFusion's alone and end with the process.
 
+use datafusion::logical_expr::{DdlStatement, LogicalPlan};
+
 use super::{Engine, Output};
 use crate::catalog::ViewDef;
 use crate::error::Result;
 
 impl Engine {
-    /// Runs the `CREATE VIEW` statement `sql` in the session, then records it.
+    /// Plans the `CREATE VIEW` statement `sql`, records it, then registers the view in the
+    /// session, so that a view the catalog could not keep is never shown.
     /// A view in another schema (`name` `None`) is DataFusion's alone.
     pub(super) async fn create_view(&self, name: Option<String>, sql: String) -> Result<Output> {
         let mut cat = self.catalog.lock().await;
-        self.ctx.sql(&sql).await?;
+        let plan = self.ctx.state().create_logical_plan(&sql).await?;
         let Some(name) = name else {
+            self.ctx.execute_logical_plan(plan).await?;
             return Ok(Output::Command("CREATE VIEW".into()));
         };
-        match cat.views.iter_mut().find(|v| v.name == name) {
-            Some(v) => v.sql = sql,
-            None => cat.views.push(ViewDef { name, sql }),
+        let replaces =
+            matches!(&plan, LogicalPlan::Ddl(DdlStatement::CreateView(v)) if v.or_replace);
+        if !replaces && self.ctx.table_exist(name.as_str())? {
+            // DataFusion's own error for a name in use; nothing is recorded.
+            self.ctx.execute_logical_plan(plan).await?;
+            return Ok(Output::Command("CREATE VIEW".into()));
         }
-        cat.save(&self.data_dir)?;
+        // What to put back if the view cannot be recorded or registered.
+        let previous = match cat.views.iter().position(|v| v.name == name) {
+            Some(i) => Some((i, std::mem::replace(&mut cat.views[i].sql, sql))),
+            None => {
+                cat.views.push(ViewDef { name, sql });
+                None
+            }
+        };
+        let undo = |cat: &mut crate::catalog::Catalog| match previous {
+            Some((i, sql)) => cat.views[i].sql = sql,
+            None => {
+                cat.views.pop();
+            }
+        };
+        if let Err(e) = cat.save(&self.data_dir) {
+            undo(&mut cat);
+            return Err(e);
+        }
+        if let Err(e) = self.ctx.execute_logical_plan(plan).await {
+            undo(&mut cat);
+            cat.save(&self.data_dir)?;
+            return Err(e.into());
+        }
         Ok(Output::Command("CREATE VIEW".into()))
     }
 

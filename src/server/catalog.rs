@@ -712,33 +712,34 @@ struct PgCatalog {
     relations: Arc<Relations>,
 }
 
-/// The materialized views of `public`: name and definition.
-async fn views(public: &Arc<dyn SchemaProvider>) -> Result<Vec<(String, String)>> {
+/// The tables of `public` whose provider is a `T`, with `definition` of each, by name.
+async fn views_of<T: TableProvider>(
+    public: &Arc<dyn SchemaProvider>,
+    definition: impl Fn(&T) -> String,
+) -> Result<Vec<(String, String)>> {
     let mut out = Vec::new();
     for name in public.table_names() {
         if let Some(t) = public.table(&name).await?
-            && let Some(v) = t.downcast_ref::<ViewTable>()
+            && let Some(v) = t.downcast_ref::<T>()
         {
-            out.push((name, v.definition().to_string()));
+            out.push((name, definition(v)));
         }
     }
     out.sort();
     Ok(out)
 }
 
+/// The materialized views of `public`: name and definition.
+async fn views(public: &Arc<dyn SchemaProvider>) -> Result<Vec<(String, String)>> {
+    views_of::<ViewTable>(public, |v| v.definition().to_string()).await
+}
+
 /// The plain views (`CREATE VIEW`) in `public`, with their definitions, by name.
 async fn plain_views(public: &Arc<dyn SchemaProvider>) -> Result<Vec<(String, String)>> {
-    let mut out = Vec::new();
-    for name in public.table_names() {
-        if let Some(t) = public.table(&name).await?
-            && let Some(v) = t.downcast_ref::<datafusion::catalog::view::ViewTable>()
-        {
-            let definition = v.definition().map(|d| view_query(d)).unwrap_or_default();
-            out.push((name, definition));
-        }
-    }
-    out.sort();
-    Ok(out)
+    views_of::<datafusion::catalog::view::ViewTable>(public, |v| {
+        v.definition().map(|d| view_query(d)).unwrap_or_default()
+    })
+    .await
 }
 
 /// The query of a `CREATE VIEW` statement's text (DataFusion keeps the statement), as
@@ -1081,56 +1082,66 @@ fn vartype(s: &crate::config::PgSetting) -> &'static str {
     }
 }
 
-/// `pg_matviews`, as Postgres has it.
-fn pg_matviews(views: &[(String, String)]) -> Result<MemTable> {
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("schemaname", DataType::Utf8, true),
-        Field::new("matviewname", DataType::Utf8, true),
-        Field::new("matviewowner", DataType::Utf8, true),
-        Field::new("tablespace", DataType::Utf8, true),
-        Field::new("hasindexes", DataType::Boolean, true),
-        Field::new("ispopulated", DataType::Boolean, true),
-        Field::new("definition", DataType::Utf8, true),
-    ]));
+/// A nullable text column.
+fn text(v: Vec<Option<String>>) -> ArrayRef {
+    Arc::new(StringArray::from(v))
+}
+
+/// A table of `views` in `public` owned by the bootstrap superuser, as every relation is
+/// (`pg_class.relowner`): the columns `schemaname`, `<kind>name` and `<kind>owner`, then
+/// `rest`, then the `definition` `definition` gives.
+fn views_table(
+    kind: &str,
+    views: &[(String, String)],
+    rest: Vec<(Field, ArrayRef)>,
+    definition: impl Fn(&str) -> String,
+) -> Result<MemTable> {
     let n = views.len();
-    let text = |v: Vec<Option<String>>| Arc::new(StringArray::from(v)) as ArrayRef;
-    let batch = RecordBatch::try_new(
-        schema.clone(),
-        vec![
-            text(vec![Some("public".into()); n]),
-            text(views.iter().map(|(name, _)| Some(name.clone())).collect()),
-            text(vec![Some("postgres".into()); n]),
-            text(vec![None; n]),
-            // The group key is indexed: lookups on it do not scan.
-            Arc::new(BooleanArray::from(vec![true; n])),
-            Arc::new(BooleanArray::from(vec![true; n])),
-            text(views.iter().map(|(_, d)| Some(format!(" {d};"))).collect()),
-        ],
-    )?;
+    let mut fields = vec![
+        Field::new("schemaname", DataType::Utf8, true),
+        Field::new(format!("{kind}name"), DataType::Utf8, true),
+        Field::new(format!("{kind}owner"), DataType::Utf8, true),
+    ];
+    let mut columns = vec![
+        text(vec![Some("public".into()); n]),
+        text(views.iter().map(|(name, _)| Some(name.clone())).collect()),
+        text(vec![Some("postgres".into()); n]),
+    ];
+    for (field, column) in rest {
+        fields.push(field);
+        columns.push(column);
+    }
+    fields.push(Field::new("definition", DataType::Utf8, true));
+    columns.push(text(
+        views.iter().map(|(_, d)| Some(definition(d))).collect(),
+    ));
+    let schema = Arc::new(Schema::new(fields));
+    let batch = RecordBatch::try_new(schema.clone(), columns)?;
     MemTable::try_new(schema, vec![vec![batch]])
 }
 
-/// `pg_views`: the plain views in `public` (datafusion-postgres's is empty), owned by the
-/// bootstrap superuser as every relation is (`pg_class.relowner`).
-fn pg_views(views: &[(String, String)]) -> Result<MemTable> {
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("schemaname", DataType::Utf8, true),
-        Field::new("viewname", DataType::Utf8, true),
-        Field::new("viewowner", DataType::Utf8, true),
-        Field::new("definition", DataType::Utf8, true),
-    ]));
+/// `pg_matviews`, as Postgres has it.
+fn pg_matviews(views: &[(String, String)]) -> Result<MemTable> {
     let n = views.len();
-    let text = |v: Vec<Option<String>>| Arc::new(StringArray::from(v)) as ArrayRef;
-    let batch = RecordBatch::try_new(
-        schema.clone(),
-        vec![
-            text(vec![Some("public".into()); n]),
-            text(views.iter().map(|(name, _)| Some(name.clone())).collect()),
-            text(vec![Some("postgres".into()); n]),
-            text(views.iter().map(|(_, d)| Some(d.clone())).collect()),
-        ],
-    )?;
-    MemTable::try_new(schema, vec![vec![batch]])
+    let flag = |name: &str| {
+        let column = Arc::new(BooleanArray::from(vec![true; n])) as ArrayRef;
+        (Field::new(name, DataType::Boolean, true), column)
+    };
+    let rest = vec![
+        (
+            Field::new("tablespace", DataType::Utf8, true),
+            text(vec![None; n]),
+        ),
+        // The group key is indexed: lookups on it do not scan.
+        flag("hasindexes"),
+        flag("ispopulated"),
+    ];
+    views_table("matview", views, rest, |d| format!(" {d};"))
+}
+
+/// `pg_views`: the plain views in `public` (datafusion-postgres's is empty).
+fn pg_views(views: &[(String, String)]) -> Result<MemTable> {
+    views_table("view", views, Vec::new(), str::to_string)
 }
 
 /// datafusion-postgres's `pg_class` with relkind `m` for materialized views. Each scan

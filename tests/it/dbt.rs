@@ -115,6 +115,43 @@ const SPARK_RUN1: [&str; 8] = [
     "2026-06-10 10:15:00|/pricing|1",
 ];
 
+/// What Spark's second run adds (expected/append/run2/output.csv): the late 10:03 click
+/// is dropped, the 10:40 click closes 10:20 and 10:25.
+const SPARK_RUN2_ADDS: [&str; 4] = [
+    "2026-06-10 10:20:00|/home|2",
+    "2026-06-10 10:20:00|/pricing|1",
+    "2026-06-10 10:25:00|/home|1",
+    "2026-06-10 10:25:00|/pricing|1",
+];
+
+/// Spark started fresh on both files (one file per trigger, or both in one): the 10:03
+/// click is counted, since the watermark that drops late rows is the one before the
+/// batch and no batch came between the files. Spark's output, from shared/oracle-tools:
+///   spark_windowed.py --landing <both files> --mode append [--max-files-per-trigger 100]
+const SPARK_FRESH_BOTH_FILES: [&str; 12] = [
+    "2026-06-10 10:00:00|/home|2",
+    "2026-06-10 10:00:00|/pricing|2",
+    "2026-06-10 10:05:00|/home|1",
+    "2026-06-10 10:05:00|/pricing|1",
+    "2026-06-10 10:10:00|/home|2",
+    "2026-06-10 10:10:00|/pricing|1",
+    "2026-06-10 10:15:00|/home|1",
+    "2026-06-10 10:15:00|/pricing|1",
+    "2026-06-10 10:20:00|/home|2",
+    "2026-06-10 10:20:00|/pricing|1",
+    "2026-06-10 10:25:00|/home|1",
+    "2026-06-10 10:25:00|/pricing|1",
+];
+
+/// Spark's run 1, then what its run 2 adds.
+fn spark_run1_then_run2() -> Vec<String> {
+    SPARK_RUN1
+        .iter()
+        .chain(SPARK_RUN2_ADDS.iter())
+        .map(|s| s.to_string())
+        .collect()
+}
+
 async fn windows(c: &tokio_postgres::Client) -> Vec<String> {
     rows(
         c,
@@ -267,48 +304,16 @@ async fn example_project_runs_and_reruns_across_restarts() {
         last_pages(&c).await,
         latest_pages(&["clicks-1.json", "clicks-2.json"])
     );
-    // Spark's second run: the late 10:03 click is dropped, the 10:40 click closes 10:20
-    // and 10:25 (expected/append/run2/output.csv).
-    let mut want: Vec<String> = SPARK_RUN1.iter().map(|s| s.to_string()).collect();
-    want.extend(
-        [
-            "2026-06-10 10:20:00|/home|2",
-            "2026-06-10 10:20:00|/pricing|1",
-            "2026-06-10 10:25:00|/home|1",
-            "2026-06-10 10:25:00|/pricing|1",
-        ]
-        .map(String::from),
-    );
-    assert_eq!(windows(&c).await, want);
+    assert_eq!(windows(&c).await, spark_run1_then_run2());
 
-    // A full refresh starts the sinks over with both files there. Spark, started fresh on
-    // both (one file per trigger, or both in one), counts the 10:03 click: the watermark
-    // that drops late rows is the one before the batch, and no batch came between the
-    // files. Spark's output, from shared/oracle-tools:
-    //   spark_windowed.py --landing <both files> --mode append [--max-files-per-trigger 100]
-    let want: Vec<String> = [
-        "2026-06-10 10:00:00|/home|2",
-        "2026-06-10 10:00:00|/pricing|2",
-        "2026-06-10 10:05:00|/home|1",
-        "2026-06-10 10:05:00|/pricing|1",
-        "2026-06-10 10:10:00|/home|2",
-        "2026-06-10 10:10:00|/pricing|1",
-        "2026-06-10 10:15:00|/home|1",
-        "2026-06-10 10:15:00|/pricing|1",
-        "2026-06-10 10:20:00|/home|2",
-        "2026-06-10 10:20:00|/pricing|1",
-        "2026-06-10 10:25:00|/home|1",
-        "2026-06-10 10:25:00|/pricing|1",
-    ]
-    .map(String::from)
-    .to_vec();
+    // A full refresh starts the sinks over with both files there.
     dbt(
         &project,
         port,
         &landing,
         &["run", "--full-refresh", "--vars", &vars],
     );
-    assert_eq!(windows(&c).await, want);
+    assert_eq!(windows(&c).await, SPARK_FRESH_BOTH_FILES);
     assert_eq!(
         last_pages(&c).await,
         latest_pages(&["clicks-1.json", "clicks-2.json"])

@@ -53,20 +53,22 @@ class TestValidateConnectionTidemark(BaseValidateConnection):
 # names the profile's user as the owner; here it names `postgres`, the one difference.
 OWNER = "postgres"
 
+# The types and relation kinds Tidemark's catalog gives, for both expected catalogs.
+CATALOG_TYPES = dict(
+    role=OWNER,
+    id_type="integer",
+    text_type="text",
+    time_type="timestamp without time zone",
+    view_type="VIEW",
+    table_type="BASE TABLE",
+    model_stats=expected_catalog.no_stats(),
+)
+
 
 class TestDocsGenerateTidemark(BaseDocsGenerate):
     @pytest.fixture(scope="class")
     def expected_catalog(self, project):
-        return expected_catalog.base_expected_catalog(
-            project,
-            role=OWNER,
-            id_type="integer",
-            text_type="text",
-            time_type="timestamp without time zone",
-            view_type="VIEW",
-            table_type="BASE TABLE",
-            model_stats=expected_catalog.no_stats(),
-        )
+        return expected_catalog.base_expected_catalog(project, **CATALOG_TYPES)
 
 
 from dbt.tests.adapter.basic.test_docs_generate import BaseDocsGenReferences  # noqa: E402
@@ -83,15 +85,7 @@ class TestDocsGenReferencesTidemark(BaseDocsGenReferences):
     @pytest.fixture(scope="class")
     def expected_catalog(self, project):
         return expected_catalog.expected_references_catalog(
-            project,
-            role=OWNER,
-            id_type="integer",
-            text_type="text",
-            time_type="timestamp without time zone",
-            bigint_type="bigint",
-            view_type="VIEW",
-            table_type="BASE TABLE",
-            model_stats=expected_catalog.no_stats(),
+            project, bigint_type="bigint", **CATALOG_TYPES
         )
 
 
