@@ -85,6 +85,13 @@ enum Command {
 const DEFAULT_LOG_FILTER: &str =
     "info,buoyant_kernel=warn,delta_kernel=warn,deltalake_core=warn,datafusion=warn,pgwire=warn";
 
+/// With the RocksDB store, jemalloc serves every allocation of the process, RocksDB's
+/// included (its `malloc` is unprefixed). glibc's per-thread arenas kept about 300 MiB of
+/// freed block-cache and memtable memory beside a 10 M-group view (docs/benchmarks.md).
+#[cfg(feature = "rocksdb")]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
