@@ -16,8 +16,11 @@ freshness: a table-fed stream of the seed's clicks and the seed's five-minute pa
   view (update mode, default trigger). A writer inserts RATE rows/s (a COPY of RATE/100
   rows every 10 ms) while a prober, 50 times a second, inserts one row of its own page and
   polls the view with a full-key lookup until the row's window shows it. Reported: the
-  time from sending the probe's INSERT to the first read that sees it (p50, p99, max), and
-  how many rows the writer got in.
+  time from sending the probe's INSERT to the first read that sees it (p50, p99, max), the
+  INSERT's own round trip, how many reads it took, and how many rows the writer got in.
+  Then the same writer and probe against PostgreSQL, where the windows are a summary table
+  upserted by a row trigger in the INSERT's transaction (PostgreSQL's way to an aggregate
+  that is always current), in the same run.
 
 reads: a view of one row per user (`GROUP BY user_id`, update mode) filled with GROUPS
   users by COPY (batches of at most 100,000 rows). The server's RSS is read before the
@@ -103,7 +106,7 @@ class Server:
             [args.bin, "serve", "--listen", f"127.0.0.1:{self.port}",
              "--data-dir", os.path.join(self.dir, "data")],
             stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.dir, "log"), "w"),
-            env={**os.environ, "RUST_LOG": "warn"})
+            env={**os.environ, "RUST_LOG": os.environ.get("TIDEMARK_BENCH_LOG", "warn")})
         end = time.time() + 60
         while True:
             try:
@@ -138,12 +141,11 @@ def event_time(start):
     return BASE + dt.timedelta(seconds=time.time() - start)
 
 
-def writer(port, rate, start, stop, users, counts):
+def writer(dsn, rate, start, stop, users, counts):
     """RATE rows/s as a COPY of RATE/100 rows every 10 ms, until `stop` is set, for random
     users of USERS (drawn once: 65,536 of them, cycled). Runs in its own process, so that
     the measuring thread does not share an interpreter with it."""
-    conn = psycopg.connect(f"host=127.0.0.1 port={port} user=bench dbname=bench",
-                           autocommit=True)
+    conn = psycopg.connect(dsn, autocommit=True)
     per = max(1, rate // 100)
     rnd = random.Random(3)
     # COPY's text format, built as text: the generator must cost the machine little.
@@ -172,23 +174,36 @@ CLICKS = ("CREATE STREAM clicks (user_id TEXT, page TEXT, event_time TIMESTAMP, 
           "WATERMARK FOR event_time AS event_time - INTERVAL '10 minutes')")
 
 
-def freshness(rate):
-    server = Server(f"freshness-{rate}")
-    admin = server.connect()
-    admin.execute(CLICKS)
-    admin.execute("""CREATE MATERIALIZED VIEW page_views AS
-        SELECT window.start AS window_start, window.end AS window_end, page,
-               count(*) AS views, sum(duration_s) AS total_duration_s
-        FROM clicks GROUP BY window(event_time, '5 minutes'), page""")
-    start = time.time()
-    stop = multiprocessing.Event()
-    counts = multiprocessing.Value("q", 0)
-    w = multiprocessing.Process(target=writer, args=(server.port, rate, start, stop, 10_000, counts))
-    w.start()
-    probe = server.connect()
-    lags, n = [], 0
+def dsn(port):
+    return f"host=127.0.0.1 port={port} user=bench dbname=bench"
+
+
+# PostgreSQL's way to a result that is always current: a summary table upserted by a row
+# trigger in the INSERT's own transaction (durable at its commit). For `freshness`, the
+# seed's five-minute windows by page; for `postgres`, totals by page.
+PG_WINDOWED = """
+    CREATE TABLE page_views (window_start TIMESTAMP, window_end TIMESTAMP, page TEXT,
+        views BIGINT, total_duration_s DOUBLE PRECISION, PRIMARY KEY (window_start, page));
+    CREATE FUNCTION count_click() RETURNS trigger LANGUAGE plpgsql AS $$
+    DECLARE ws TIMESTAMP := date_bin('5 minutes', NEW.event_time, TIMESTAMP '2000-01-01');
+    BEGIN
+      INSERT INTO page_views VALUES (ws, ws + INTERVAL '5 minutes', NEW.page, 1,
+                                     NEW.duration_s)
+      ON CONFLICT (window_start, page) DO UPDATE SET views = page_views.views + 1,
+        total_duration_s = page_views.total_duration_s + EXCLUDED.total_duration_s;
+      RETURN NULL;
+    END $$;
+    CREATE TRIGGER count_click AFTER INSERT ON clicks
+        FOR EACH ROW EXECUTE FUNCTION count_click();"""
+
+
+def probe_freshness(conn, start, seconds):
+    """Fifty times a second: INSERT one row of a page of its own, then read its window's
+    row by the full key until it shows. Returns (INSERT -> visible, the INSERT alone,
+    SELECTs per probe), after a 3-second warm-up."""
+    lags, inserts, polls, n = [], [], [], 0
     warmup = start + 3
-    end = start + args.seconds
+    end = start + seconds
     tick = time.time()
     while time.time() < end:
         n += 1
@@ -197,23 +212,69 @@ def freshness(rate):
         ws = t.replace(minute=t.minute - t.minute % 5, second=0, microsecond=0)
         we = ws + dt.timedelta(minutes=5)
         t0 = time.perf_counter()
-        probe.execute("INSERT INTO clicks VALUES (%s, %s, %s, %s)", ("probe", page, t, 1.0))
-        while probe.execute("SELECT views FROM page_views WHERE window_start = %s AND "
-                            "window_end = %s AND page = %s", (ws, we, page)).fetchone() is None:
-            pass
+        conn.execute("INSERT INTO clicks VALUES (%s, %s, %s, %s)", ("probe", page, t, 1.0))
+        inserted = time.perf_counter() - t0
+        k = 1
+        while conn.execute("SELECT views FROM page_views WHERE window_start = %s AND "
+                           "window_end = %s AND page = %s", (ws, we, page)).fetchone() is None:
+            k += 1
         lag = time.perf_counter() - t0
         if time.time() >= warmup:
             lags.append(lag)
+            inserts.append(inserted)
+            polls.append(k)
         tick += 0.02
         delay = tick - time.time()
         if delay > 0:
             time.sleep(delay)
+    return lags, inserts, polls
+
+
+def freshness(rate):
+    """The Tidemark view, then PostgreSQL's trigger-fed table, each under the same writer
+    and the same probe."""
+    server = Server(f"freshness-{rate}")
+    admin = server.connect()
+    admin.execute(CLICKS)
+    admin.execute("""CREATE MATERIALIZED VIEW page_views AS
+        SELECT window.start AS window_start, window.end AS window_end, page,
+               count(*) AS views, sum(duration_s) AS total_duration_s
+        FROM clicks GROUP BY window(event_time, '5 minutes'), page""")
+    tidemark = with_writer(dsn(server.port), rate, server.connect())
+    server.stop()
+    cluster = Postgres(f"freshness-pg-{rate}")
+    try:
+        pg = cluster.connect()
+        pg.execute("CREATE TABLE clicks (user_id TEXT, page TEXT, event_time TIMESTAMP, "
+                   "duration_s DOUBLE PRECISION)")
+        pg.execute(PG_WINDOWED)
+        version = pg.execute("SHOW server_version").fetchone()[0]
+        postgres = with_writer(dsn(cluster.port), rate, cluster.connect())
+    finally:
+        cluster.stop()
+    for name, (got, (lags, inserts, polls)) in [("tidemark, the view", tidemark),
+                                                 (f"postgres {version}, trigger-fed table",
+                                                  postgres)]:
+        print(f"freshness at {rate:>6,} rows/s, {name} (wrote {got:,.0f} rows/s): "
+              f"INSERT -> visible {ms(lags)}")
+        # Where the time goes, from the client: the INSERT's own round trip, and how many
+        # SELECTs it took to see the row (the last one included).
+        print(f"    of which the INSERT statement {ms(inserts)}; SELECTs per probe "
+              f"p50={pct(polls, .5)} p99={pct(polls, .99)}")
+
+
+def with_writer(target, rate, probe):
+    """Runs the writer at RATE rows/s into `target` while `probe` probes; returns (rows/s
+    written, the probe's lists)."""
+    start = time.time()
+    stop = multiprocessing.Event()
+    counts = multiprocessing.Value("q", 0)
+    w = multiprocessing.Process(target=writer, args=(target, rate, start, stop, 10_000, counts))
+    w.start()
+    result = probe_freshness(probe, start, args.seconds)
     stop.set()
     w.join()
-    elapsed = time.time() - start
-    print(f"freshness at {rate:>6,} rows/s (wrote {counts.value / elapsed:,.0f} rows/s): "
-          f"INSERT -> visible {ms(lags)}")
-    server.stop()
+    return counts.value / (time.time() - start), result
 
 
 def copy_rows(conn, rows):
@@ -255,7 +316,7 @@ def reads():
     stop = multiprocessing.Event()
     counts = multiprocessing.Value("q", 0)
     w = multiprocessing.Process(target=writer,
-                                args=(server.port, args.rate, start, stop, args.groups, counts))
+                                args=(dsn(server.port), args.rate, start, stop, args.groups, counts))
     w.start()
     reader = server.connect()
     lat = []
@@ -277,22 +338,40 @@ def reads():
     server.stop()
 
 
+class Postgres:
+    """Debian's PostgreSQL (/usr/lib/postgresql/*) as the `postgres` user in a scratch
+    cluster on a free port, fsync on; database `bench`."""
+
+    def __init__(self, name):
+        self.bin = sorted(glob.glob("/usr/lib/postgresql/*/bin"))[-1]
+        self.dir = os.path.join(args.work, name)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        os.makedirs(self.dir)
+        shutil.chown(self.dir, "postgres")
+        self.as_pg = ["runuser", "-u", "postgres", "--"]
+        subprocess.run(self.as_pg + [f"{self.bin}/initdb", "-D", f"{self.dir}/data", "-A",
+                                     "trust", "-U", "bench"], check=True, capture_output=True)
+        self.port = free_port()
+        subprocess.run(self.as_pg + [f"{self.bin}/pg_ctl", "-D", f"{self.dir}/data", "-l",
+                                     f"{self.dir}/log", "-o",
+                                     f"-p {self.port} -k {self.dir} -c fsync=on", "-w", "start"],
+                       check=True, capture_output=True)
+        psycopg.connect(f"host=127.0.0.1 port={self.port} user=bench dbname=postgres",
+                        autocommit=True).execute("CREATE DATABASE bench")
+
+    def connect(self):
+        return psycopg.connect(f"host=127.0.0.1 port={self.port} user=bench dbname=bench",
+                               autocommit=True)
+
+    def stop(self):
+        subprocess.run(self.as_pg + [f"{self.bin}/pg_ctl", "-D", f"{self.dir}/data", "-m",
+                                     "fast", "stop"], capture_output=True)
+
+
 def postgres():
-    pg_bin = sorted(glob.glob("/usr/lib/postgresql/*/bin"))[-1]
-    pg_dir = os.path.join(args.work, "pg")
-    shutil.rmtree(pg_dir, ignore_errors=True)
-    os.makedirs(pg_dir)
-    shutil.chown(pg_dir, "postgres")
-    as_pg = ["runuser", "-u", "postgres", "--"]
-    subprocess.run(as_pg + [f"{pg_bin}/initdb", "-D", f"{pg_dir}/data", "-A", "trust", "-U",
-                            "bench"], check=True, capture_output=True)
-    pg_port = free_port()
-    subprocess.run(as_pg + [f"{pg_bin}/pg_ctl", "-D", f"{pg_dir}/data", "-l", f"{pg_dir}/log",
-                            "-o", f"-p {pg_port} -k {pg_dir} -c fsync=on", "-w", "start"],
-                   check=True, capture_output=True)
+    cluster = Postgres("pg")
     try:
-        pg = psycopg.connect(f"host=127.0.0.1 port={pg_port} user=bench dbname=postgres",
-                             autocommit=True)
+        pg = cluster.connect()
         version = pg.execute("SHOW server_version").fetchone()[0]
         pg.execute("CREATE TABLE clicks (user_id TEXT, page TEXT, event_time TIMESTAMP, "
                    "duration_s DOUBLE PRECISION)")
@@ -344,8 +423,7 @@ def postgres():
                 assert seen == (1,), seen
                 time.sleep(pace)
     finally:
-        subprocess.run(as_pg + [f"{pg_bin}/pg_ctl", "-D", f"{pg_dir}/data", "-m", "fast", "stop"],
-                       capture_output=True)
+        cluster.stop()
     server = Server("postgres-side")
     tm = server.connect()
     tm.execute(CLICKS)
