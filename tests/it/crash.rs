@@ -39,6 +39,39 @@ fn land_files(dir: &Path) {
     }
 }
 
+/// The batch ids of a sink's `offsets/` or `commits/` log.
+fn log_ids(data_dir: &Path, sink: &str, log: &str) -> Vec<u64> {
+    let mut ids: Vec<u64> = std::fs::read_dir(data_dir.join("checkpoints").join(sink).join(log))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_string_lossy().parse::<u64>().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    ids.sort_unstable();
+    ids
+}
+
+/// The checkpoint protocol's order on disk, whatever the moment of a crash: `offsets/N+1`
+/// exists only after `commits/N` (the engine writes `commits/N` while batch N+1 runs),
+/// and at most one batch is planned without its commit.
+fn assert_logs_in_order(data_dir: &Path, sink: &str, what: &str) {
+    let offsets = log_ids(data_dir, sink, "offsets");
+    let commits = log_ids(data_dir, sink, "commits");
+    for &n in offsets.iter().filter(|&&n| n > 0) {
+        assert!(
+            commits.contains(&(n - 1)),
+            "{what}: offsets/{n} without commits/{} (offsets {offsets:?}, commits {commits:?})",
+            n - 1
+        );
+    }
+    let uncommitted = offsets.iter().filter(|n| !commits.contains(n)).count();
+    assert!(
+        uncommitted <= 1,
+        "{what}: offsets {offsets:?}, commits {commits:?}"
+    );
+}
+
 /// How many batches a sink's checkpoint has committed (files in `commits/`).
 /// Batches in a sink's commit log (0 before it exists).
 pub(crate) fn committed_batches(data_dir: &Path, sink: &str) -> usize {
@@ -668,6 +701,7 @@ async fn windowed_crash_everywhere(store: &str, target: Target) {
                     .await
                     .is_none()
             );
+            assert_logs_in_order(&data_dir, "views", &format!("{store}, crash at {spec}"));
             let server = windowed_run(&data_dir, &landing, port, None, store, target)
                 .await
                 .unwrap();
