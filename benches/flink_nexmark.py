@@ -6,6 +6,7 @@ process of each engine, in one run; the outputs compared.
     python3 benches/flink_nexmark.py [--events 10000000] [--batch 1000000]
         [--queries q0,q1,q2,q5agg,q7agg,q12,q3] [--repeats 1] [--bin PATH]
         [--flink-modes batch,monitor] [--monitor-spacing 4] [--monitor-quiet 15]
+        [--idle-timeout 1s]
 
 The files: Nexmark's three streams from the nexmark crate's generator, landed once by
 Tidemark JSON sinks as one file per batch of --batch events in
@@ -33,8 +34,10 @@ stream landing one by one in time order (part number order, a hidden name then a
 --monitor-spacing s apart; q3's two streams land their i-th files together) in folders
 Flink watches (`source.monitor-interval` 200 ms), checkpoints every 500 ms committing the
 CSV sink's part files, which roll every second (by default a CSV part file rolls at 128 MB
-or after 30 minutes, and its rows stay invisible until then), a reader idle for 1 s not
-holding the watermark back. It ends when Flink has
+or after 30 minutes, and its rows stay invisible until then), checkpoints stored in files
+(the default, the JobManager's memory, refuses a state over 5 MB: q3's join state outgrew
+it, and the sink committed none of its last rows), a reader idle for --idle-timeout (1 s) not holding the
+watermark back. It ends when Flink has
 committed as many rows as Tidemark's run, or when its output has not grown for
 --monitor-quiet s after the last file (at most 180 s). Flink advances its watermark while
 it reads a file (every 200 ms, from the largest event time read so far), not between
@@ -134,8 +137,11 @@ print(f"JOB_S {time.time() - t:.3f}")
 
 # A reader with no file to read does not hold the watermark back (as benches/latency.py's
 # Flink job): otherwise the last window closes only when both readers have moved past it.
+# Checkpoints go to files: the default, the JobManager's memory, refuses a state over 5 MB.
 FLINK_MONITOR_JOB = job_start("streaming", '''c.set("execution.checkpointing.interval", "500ms")
-c.set("table.exec.source.idle-timeout", "1s")
+c.set("table.exec.source.idle-timeout", spec["idle_timeout"])
+c.set("execution.checkpointing.storage", "filesystem")
+c.set("execution.checkpointing.dir", "file://" + spec["checkpoints"])
 ''') + r'''result = env.execute_sql("INSERT INTO sink " + spec["insert"])
 counted = {}
 def committed():
@@ -271,7 +277,7 @@ def flink(args, q, files, work, mode="batch"):
         sink=f"CREATE TABLE sink ({sink_cols}) WITH ('connector' = 'filesystem', "
              f"'path' = '{out}', 'format' = 'csv'{rolling})",
         insert=select, out=out, want=args.want, spacing=args.monitor_spacing,
-        quiet=args.monitor_quiet,
+        quiet=args.monitor_quiet, idle_timeout=args.idle_timeout, checkpoints=os.path.join(work, f"{name}-{q}-checkpoints"),
         landings=[[(p, watched[t]) for p in part_files(files, t)] for t in tables])
     job = os.path.join(work, f"{name}_job.py")
     with open(job, "w") as f:
@@ -291,6 +297,7 @@ def flink(args, q, files, work, mode="batch"):
     shutil.rmtree(out)
     if mode == "monitor":
         shutil.rmtree(os.path.dirname(next(iter(watched.values()))))
+        shutil.rmtree(spec["checkpoints"], ignore_errors=True)
     landed = re.search(r"LANDED_S ([\d.]+)", stdout)
     pending = re.search(r"PENDING_ROWS (\d+)", stdout)
     if pending and int(pending.group(1)):
@@ -399,6 +406,8 @@ def main():
                     help="monitor: seconds between two files landing")
     ap.add_argument("--monitor-quiet", type=float, default=15.0,
                     help="monitor: seconds without new output, after the last file, that end the run")
+    ap.add_argument("--idle-timeout", default="1s",
+                    help="monitor: Flink's table.exec.source.idle-timeout (0 ms: never idle)")
     ap.add_argument("--flink-venv", default=os.environ.get("FLINK_VENV",
                                                            "/var/cache/tidemark-flink"))
     args = ap.parse_args()
