@@ -32,21 +32,20 @@ dropped as late (its `rows_dropped_by_watermark`) are reported.
 `--flink-modes monitor` also runs Flink the always-on way: streaming mode, the files of each
 stream landing one by one in time order (part number order, a hidden name then a rename,
 --monitor-spacing s apart; q3's two streams land their i-th files together) in folders
-Flink watches (`source.monitor-interval` 200 ms), checkpoints every 500 ms committing the
-CSV sink's part files, which roll every second (by default a CSV part file rolls at 128 MB
-or after 30 minutes, and its rows stay invisible until then), checkpoints stored in files
+Flink watches (`source.monitor-interval` 200 ms). Checkpoints every 500 ms commit the CSV
+sink's part files, which roll every second (by default a CSV part file rolls at 128 MB or
+after 30 minutes, and its rows stay invisible until then). Checkpoints are stored in files
 (the default, the JobManager's memory, refuses a state over 5 MB: q3's join state outgrew
-it, and the sink committed none of its last rows), a reader idle for --idle-timeout (1 s) not holding the
-watermark back. It ends when Flink has
-committed as many rows as Tidemark's run, or when its output has not grown for
---monitor-quiet s after the last file (at most 180 s). Flink advances its watermark while
-it reads a file (every 200 ms, from the largest event time read so far), not between
-micro-batches as Spark and Tidemark do, so a windowed query may lose rows that are more
-than the 4-second delay behind a newer row earlier in the same file: the verdict then
-checks that every difference is a window Flink has fewer rows in (or lacks), gives the
-window ends of those it lacks, and reports how many bids, read in file order, fall in a
-window that the watermark of a newer bid before them had already ended: the bound on
-what Flink can drop from a bid's first window.
+it, and the sink committed none of its last rows). A reader idle for --idle-timeout (1 s)
+does not hold the watermark back. A run ends when Flink has committed as many rows as
+Tidemark's run, or when its output has not grown for --monitor-quiet s after the last file
+(at most 180 s). Flink advances its watermark while it reads a file (every 200 ms, from the
+largest event time read so far), not between micro-batches as Spark and Tidemark do, so a
+windowed query may lose rows that are more than the 4-second delay behind a newer row
+earlier in the same file: the verdict then checks that every difference is a window Flink
+has fewer rows in (or lacks), gives the window ends of those it lacks, and reports how many
+bids, read in file order, fall in a window that the watermark of a newer bid before them
+had already ended: the bound on what Flink can drop from a bid's first window.
 Stateless queries and q3's join must be equal.
 
 Flink: PyFlink in FLINK_VENV (default /var/cache/tidemark-flink), made by
@@ -277,7 +276,8 @@ def flink(args, q, files, work, mode="batch"):
         sink=f"CREATE TABLE sink ({sink_cols}) WITH ('connector' = 'filesystem', "
              f"'path' = '{out}', 'format' = 'csv'{rolling})",
         insert=select, out=out, want=args.want, spacing=args.monitor_spacing,
-        quiet=args.monitor_quiet, idle_timeout=args.idle_timeout, checkpoints=os.path.join(work, f"{name}-{q}-checkpoints"),
+        quiet=args.monitor_quiet, idle_timeout=args.idle_timeout,
+        checkpoints=os.path.join(work, f"{name}-{q}-checkpoints"),
         landings=[[(p, watched[t]) for p in part_files(files, t)] for t in tables])
     job = os.path.join(work, f"{name}_job.py")
     with open(job, "w") as f:
@@ -365,12 +365,6 @@ def compare_monitor(q, mine, theirs, files):
         return "equal", True
     agg = AGGREGATE.get(q)
     if agg is None:
-        if q == "q3":  # where in time (auction ids grow with it) the missing rows are
-            ids = sorted(int(r[3]) for r in mine["rows"])
-            lost = collections.Counter(
-                min(9, (int(r[3]) - ids[0]) * 10 // (ids[-1] - ids[0] + 1)) for r in missing)
-            print(f"q3: missing rows by tenth of the auction id range: "
-                  f"{[lost[i] for i in range(10)]}", flush=True)
         return differ(missing, extra), False
     key = lambda r: r[:agg] + r[agg + 1:]
     ours = {key(r): int(r[agg]) for r in mine["rows"]}

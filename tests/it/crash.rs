@@ -53,8 +53,7 @@ fn log_ids(data_dir: &Path, sink: &str, log: &str) -> Vec<u64> {
 }
 
 /// The checkpoint protocol's order on disk, whatever the moment of a crash: `offsets/N+1`
-/// exists only after `commits/N` (the engine writes `commits/N` while batch N+1 runs),
-/// and at most one batch is planned without its commit.
+/// exists only after `commits/N`, and at most one batch is planned without its commit.
 fn assert_logs_in_order(data_dir: &Path, sink: &str, what: &str) {
     let offsets = log_ids(data_dir, sink, "offsets");
     let commits = log_ids(data_dir, sink, "commits");
