@@ -7,6 +7,7 @@ REFRESH MATERIALIZED VIEW beside an incremental view (issue 11, item 5).
                                        [--store memory|rocksdb]
     python3 benches/views.py BIN postgres [--rows 1000000] [--probes 20]
     python3 benches/views.py BIN keys [--rows 1000000] [--probes 20]
+    python3 benches/views.py BIN lookups [--groups 1000000] [--lookups 5000]
 
 BIN is a release `tidemark` (built with --features rocksdb for --store rocksdb). Every
 run starts its own server on a free port with a fresh data directory under --work (default
@@ -47,6 +48,14 @@ keys: the seed's windowed view with ROWS groups (ROWS / 1,000 five-minute window
   one row back to the client). Reported: the query's round trip (p50) over PROBES runs of
   each, on a view that does not change (a scan then reads the Arrow batches the first scan
   decoded) and on one that changes before every query (each scan decodes every row).
+
+lookups: the seed's windowed view with GROUPS groups (GROUPS / 1,000 windows of 1,000
+  pages), read one row at a time by its whole key (window_start, window_end, page) as a
+  prepared statement: LOOKUPS keys drawn at random (one in fifty not there), back to back.
+  Timed three ways over the same keys: the view by its key (Tidemark answers it without
+  planning), the same query with a filter on a non-key column added (`AND views > -1`, so
+  DataFusion plans it: the cost the lookup path saves), and PostgreSQL reading a table
+  holding the view's rows by its primary key. All three answers are compared row by row.
 """
 import argparse
 import datetime as dt
@@ -63,7 +72,7 @@ import psycopg
 
 ap = argparse.ArgumentParser()
 ap.add_argument("bin")
-ap.add_argument("what", choices=["freshness", "reads", "postgres", "keys"])
+ap.add_argument("what", choices=["freshness", "reads", "postgres", "keys", "lookups"])
 ap.add_argument("--rates", default="1000,50000")
 ap.add_argument("--rate", type=int, default=50_000)
 ap.add_argument("--seconds", type=int, default=20)
@@ -72,6 +81,7 @@ ap.add_argument("--store", default="memory")
 ap.add_argument("--rows", type=int, default=1_000_000)
 ap.add_argument("--probes", type=int, default=20)
 ap.add_argument("--work", default="/tmp/views-bench")
+ap.add_argument("--lookups", type=int, default=5_000)
 args = ap.parse_args()
 
 BASE = dt.datetime(2026, 6, 10, 10, 0, 0)
@@ -459,6 +469,77 @@ def postgres():
     print(f"both views hold the {pg_total - args.probes:,} loaded clicks, and their probes")
 
 
+def lookups():
+    """One row by its whole key, back to back: the view read by its key (answered without
+    planning), the same rows through DataFusion's plan (a filter on a non-key column added,
+    so the query is no longer a key lookup), and PostgreSQL reading a table that holds the
+    view's rows by its primary key. The same keys for all three; every answer compared."""
+    server = Server("lookups")
+    conn = server.connect()
+    conn.execute(CLICKS)
+    pages = 1_000
+    windows = max(1, args.groups // pages)
+    rnd = random.Random(11)
+    for lo in range(0, windows, 100):
+        lines = []
+        for w in range(lo, min(windows, lo + 100)):
+            t = (BASE + dt.timedelta(minutes=5 * w)).isoformat(sep=" ")
+            lines.extend(f"u{w}\t/k{p}\t{t}\t{rnd.randrange(100)}\n"
+                         for p in range(pages) for _ in range(1 + (w + p) % 3))
+        with conn.cursor() as cur:
+            with cur.copy("COPY clicks FROM STDIN") as copy:
+                copy.write("".join(lines))
+    conn.execute("""CREATE MATERIALIZED VIEW page_views WITH (max_rows_per_trigger = 1000000) AS
+        SELECT window.start AS window_start, window.end AS window_end, page,
+               count(*) AS views, sum(duration_s) AS total_duration_s
+        FROM clicks GROUP BY window(event_time, '5 minutes'), page""")
+    conn.execute("FLUSH MATERIALIZED VIEW page_views")
+    rows = conn.execute("SELECT window_start, window_end, page, views, total_duration_s "
+                        "FROM page_views").fetchall()
+    assert len(rows) == windows * pages, len(rows)
+    probes = [rows[rnd.randrange(len(rows))][:3] for _ in range(args.lookups)]
+    # A few keys that are not there.
+    probes[::50] = [(r[0], r[1], "/absent") for r in probes[::50]]
+    where = "WHERE window_start = %s AND window_end = %s AND page = %s"
+    results = {}
+
+    def run(name, c, sql):
+        lat, got = [], []
+        for key in probes:
+            t0 = time.perf_counter()
+            got.append(c.execute(sql, key).fetchall())
+            lat.append(time.perf_counter() - t0)
+        results[name] = got
+        print(f"lookups: {name:<62} {ms(lat)}")
+
+    print(f"lookups: {len(rows):,} groups, {len(probes):,} keys ({len(probes[::50])} absent), "
+          f"back to back, one connection each")
+    cols = "SELECT views, total_duration_s FROM page_views "
+    run("tidemark, the view by its key", conn, cols + where)
+    run("tidemark, the same rows planned (+ views > -1)", conn, cols + where + " AND views > -1")
+    server.stop()
+    cluster = Postgres("lookups-pg")
+    try:
+        pg = cluster.connect()
+        version = pg.execute("SHOW server_version").fetchone()[0]
+        pg.execute("CREATE TABLE page_views (window_start TIMESTAMP, window_end TIMESTAMP, "
+                   "page TEXT, views BIGINT, total_duration_s DOUBLE PRECISION, "
+                   "PRIMARY KEY (window_start, window_end, page))")
+        with pg.cursor() as cur:
+            with cur.copy("COPY page_views FROM STDIN") as copy:
+                for r in rows:
+                    copy.write_row(r)
+        pg.execute("VACUUM ANALYZE page_views")
+        run(f"postgres {version}, the table by its primary key", pg, cols + where)
+    finally:
+        cluster.stop()
+    names = list(results)
+    for other in names[1:]:
+        assert results[other] == results[names[0]], f"{other} differs from {names[0]}"
+    print(f"lookups: the three answered alike ({sum(1 for r in results[names[0]] if r):,} "
+          f"rows found)")
+
+
 def keys():
     server = Server("keys")
     conn = server.connect()
@@ -527,5 +608,7 @@ elif args.what == "reads":
     reads()
 elif args.what == "keys":
     keys()
+elif args.what == "lookups":
+    lookups()
 else:
     postgres()

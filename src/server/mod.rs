@@ -51,6 +51,7 @@ mod information_schema;
 mod insert;
 mod interrupt;
 mod login;
+mod lookup;
 mod notify;
 mod pgtext;
 mod plans;
@@ -158,6 +159,10 @@ pub fn describe_metrics() {
     metrics::describe_counter!(
         "tidemark_errors_total",
         "Errors sent to clients, by SQLSTATE"
+    );
+    metrics::describe_counter!(
+        "tidemark_view_key_lookups_total",
+        "Queries answered by reading a view's row by its whole key, without planning"
     );
 }
 
@@ -350,6 +355,32 @@ fn encode_plan<C: ClientInfo>(
     )))
 }
 
+/// What answers a read-only query.
+enum Answer {
+    /// A plan to run.
+    Plan(plans::Ready),
+    /// The rows, already read (a view's key lookup).
+    Rows(datafusion::arrow::datatypes::SchemaRef, RecordBatch),
+}
+
+/// `rows` for the wire, as [`encode_plan`] encodes a plan's.
+fn encode_rows<C: ClientInfo>(
+    client: &C,
+    schema: &datafusion::arrow::datatypes::Schema,
+    rows: RecordBatch,
+    format: &Format,
+) -> PgWireResult<Response> {
+    use datafusion_postgres::arrow_pg::datatypes::encode_recordbatch;
+    let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
+    let fields = Arc::new(arrow_schema_to_pg_fields(schema, format, Some(options))?);
+    let rows: Vec<PgWireResult<DataRow>> =
+        encode_recordbatch(fields.clone(), pgtext::to_postgres_text(rows, &fields)).collect();
+    Ok(Response::Query(QueryResponse::new(
+        fields,
+        futures::stream::iter(rows),
+    )))
+}
+
 /// Encodes an engine result for the wire.
 async fn encode_output(
     _engine: &Engine,
@@ -394,30 +425,119 @@ impl TidemarkService {
         let ctx = self.engine.context();
         let planned = async {
             if let Some(ready) = self.plans.get(ctx, sql).await? {
-                return Ok(Some(ready));
+                return Ok(Some(Answer::Plan(ready)));
             }
-            if let Some(plan) = planned {
-                return self.plans.plan(ctx, sql, plan.clone()).await;
-            }
-            match self.parser.inner.parse_sql(client, sql, &[]).await {
-                Ok(Some((_, Some((SqlStatement::Query(_), plan))))) => {
-                    self.plans.plan(ctx, sql, plan).await
-                }
-                _ => Ok(None),
-            }
+            let plan = match planned {
+                Some(plan) => plan.clone(),
+                None => match self.parser.inner.parse_sql(client, sql, &[]).await {
+                    Ok(Some((_, Some((SqlStatement::Query(_), plan))))) => plan,
+                    _ => return Ok(None),
+                },
+            };
+            self.answer(Some(sql), plan).await
         };
+        self.respond(client, planned, format).await
+    }
+
+    /// A read-only query of the extended protocol with parameters: bound as
+    /// datafusion-postgres binds them, then run as [`TidemarkService::read`] runs a query
+    /// (its values in PostgreSQL's text, a view's key lookup without planning), never
+    /// kept. `None` for anything else, or parameters whose types the plan does not give
+    /// (datafusion-postgres infers more): the caller hands those to datafusion-postgres.
+    async fn read_bound<C: ClientInfo + Unpin + Send + Sync>(
+        &self,
+        client: &C,
+        portal: &Portal<ExtStatement>,
+    ) -> Option<PgWireResult<Response>> {
+        use datafusion_postgres::arrow_pg::datatypes::df::deserialize_parameters_with_server_types;
+        let (_, Some((SqlStatement::Query(_), plan))) = &portal.statement.statement else {
+            return None;
+        };
+        if client.transaction_status() == TransactionStatus::Error {
+            return None;
+        }
+        let types = plan.get_parameter_types().ok()?;
+        let mut inferred: Vec<Option<DataType>> = vec![None; types.len()];
+        for (id, ty) in types {
+            let n: usize = id.strip_prefix('$')?.parse().ok()?;
+            *inferred.get_mut(n.checked_sub(1)?)? = Some(ty?);
+        }
+        let server = match self
+            .parser
+            .inner
+            .get_parameter_types(&portal.statement.statement)
+        {
+            Ok(t) => t,
+            Err(e) => return Some(Err(classify_pg_error(e))),
+        };
+        let inferred: Vec<Option<&DataType>> = inferred.iter().map(Option::as_ref).collect();
+        let server: Vec<Option<&Type>> = server.iter().map(Some).collect();
+        let bound = deserialize_parameters_with_server_types(portal, &inferred, &server).and_then(
+            |values| {
+                plan.clone()
+                    .replace_params_with_values(&values)
+                    .map_err(|e| PgWireError::ApiError(Box::new(e)))
+            },
+        );
+        let plan = match bound {
+            Ok(plan) => plan,
+            Err(e) => return Some(Err(classify_pg_error(e))),
+        };
+        self.respond(
+            client,
+            self.answer(None, plan),
+            &portal.result_column_format,
+        )
+        .await
+    }
+
+    /// How `plan` (of the query `sql`, or with bound parameters) is answered: a key lookup
+    /// in a view, else a plan, kept under `sql` if it may be. `None`: not a read-only query.
+    async fn answer(
+        &self,
+        sql: Option<&str>,
+        plan: LogicalPlan,
+    ) -> datafusion::error::Result<Option<Answer>> {
+        if let Some(lookup) = lookup::Lookup::analyze(&plan) {
+            let schema = lookup.schema.clone();
+            let found = lookup
+                .run()
+                .await
+                .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+            if let Some(rows) = found {
+                metrics::counter!("tidemark_view_key_lookups_total").increment(1);
+                return Ok(Some(Answer::Rows(schema, rows)));
+            }
+        }
+        let ready = self.plans.plan(self.engine.context(), sql, plan).await?;
+        Ok(ready.map(Answer::Plan))
+    }
+
+    /// Runs `planned` unless the client cancels or the statement times out first, and
+    /// encodes its rows. `None` when it is not a read-only query.
+    async fn respond<C: ClientInfo + Unpin + Send + Sync>(
+        &self,
+        client: &C,
+        planned: impl Future<Output = datafusion::error::Result<Option<Answer>>>,
+        format: &Format,
+    ) -> Option<PgWireResult<Response>> {
         let stop = interrupt::watch(client).await;
         let planned = tokio::select! {
             p = planned => p,
             why = stop.clone() => return Some(Err(why.error())),
         };
-        let ready = match planned {
-            Ok(Some(ready)) => ready,
-            Ok(None) => return None,
-            Err(e) => return Some(Err(classify_pg_error(PgWireError::ApiError(Box::new(e))))),
-        };
-        tracing::trace!(sql, kept = ready.kept, "read-only query");
-        Some(encode_plan(client, ready, format, stop))
+        match planned {
+            Ok(Some(Answer::Plan(ready))) => {
+                tracing::trace!(kept = ready.kept, "read-only query");
+                Some(encode_plan(client, ready, format, stop))
+            }
+            Ok(Some(Answer::Rows(schema, rows))) => {
+                tracing::trace!("view key lookup");
+                Some(encode_rows(client, &schema, rows, format))
+            }
+            Ok(None) => None,
+            Err(e) => Some(Err(classify_pg_error(PgWireError::ApiError(Box::new(e))))),
+        }
     }
 
     async fn run_tidemark<C>(
@@ -941,6 +1061,9 @@ impl ExtendedQueryHandler for TidemarkService {
                 .read(client, text, Some(plan), &portal.result_column_format)
                 .await
         {
+            return response;
+        }
+        if let Some(response) = self.read_bound(client, portal).await {
             return response;
         }
         let stop = interrupt::watch(client).await;

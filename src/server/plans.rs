@@ -116,13 +116,14 @@ impl PlanCache {
         }
     }
 
-    /// Plans `logical` (the plan of the query `sql`) to run now, and keeps the plan if it can
-    /// run again. `None` if `logical` is not a read-only query: the caller runs it as any
-    /// other statement.
+    /// Plans `logical` (the plan of the query `sql`) to run now, and keeps the plan under
+    /// `sql` if it can run again; with no `sql` (a query whose parameters were bound into
+    /// `logical`), keeps nothing. `None` if `logical` is not a read-only query: the caller
+    /// runs it as any other statement.
     pub async fn plan(
         &self,
         ctx: &SessionContext,
-        sql: &str,
+        sql: Option<&str>,
         logical: LogicalPlan,
     ) -> DfResult<Option<Ready>> {
         let Some(check) = inspect(&logical) else {
@@ -143,7 +144,8 @@ impl PlanCache {
                 }
             }
         };
-        if let Some(tables) = check.tables
+        if let Some(sql) = sql
+            && let Some(tables) = check.tables
             && !shares_dynamic_filters(&plan)?
             && let Some(unbound) = unbind(&plan, tables.is_empty())?
         {
@@ -396,7 +398,7 @@ mod tests {
             Some(r) => r,
             None => {
                 let logical = ctx.state().create_logical_plan(sql).await.unwrap();
-                cache.plan(ctx, sql, logical).await.unwrap().unwrap()
+                cache.plan(ctx, Some(sql), logical).await.unwrap().unwrap()
             }
         };
         let batches = datafusion::physical_plan::collect(ready.plan, ready.task)

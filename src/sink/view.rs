@@ -1319,6 +1319,61 @@ impl ViewTable {
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.store.snapshot()
     }
+
+    /// The columns (indices in the view's rows) whose values identify a row, in the order
+    /// [`ViewTable::get`] takes them; `None` for a view not kept by key.
+    pub fn key_columns(&self) -> Option<&[usize]> {
+        let codec = self.store.codec.as_ref()?;
+        (!codec.key_columns.is_empty()).then_some(codec.key_columns.as_slice())
+    }
+
+    /// Whether a read goes to RocksDB (and may block on the disk).
+    pub fn on_disk(&self) -> bool {
+        #[cfg(feature = "rocksdb")]
+        return self.store.stored.is_some();
+        #[cfg(not(feature = "rocksdb"))]
+        false
+    }
+
+    /// The row whose key is `key` (one value per [`ViewTable::key_columns`], each of its
+    /// column's type), as of the last committed batch: the rows a scan filtered on
+    /// `k = v` for every key column returns, read by the same path the scan takes. No row
+    /// if a value is NULL. `None` when the view cannot answer by key: a view not kept by
+    /// key, a value of another type, or a view not loaded yet.
+    pub fn get(&self, key: &[ScalarValue]) -> Result<Option<Vec<RecordBatch>>> {
+        let Some(columns) = self.key_columns() else {
+            return Ok(None);
+        };
+        let schema = &self.store.output.schema;
+        if key.len() != columns.len()
+            || columns
+                .iter()
+                .zip(key)
+                .any(|(&i, v)| v.data_type() != *schema.field(i).data_type())
+        {
+            return Ok(None);
+        }
+        if key.iter().any(ScalarValue::is_null) {
+            return Ok(Some(Vec::new()));
+        }
+        let filters: Vec<Expr> = columns
+            .iter()
+            .zip(key)
+            .map(|(&i, v)| {
+                let column = datafusion::common::Column::new_unqualified(schema.field(i).name());
+                Expr::Column(column).eq(Expr::Literal(v.clone(), None))
+            })
+            .collect();
+        if self.on_disk() {
+            let mut rows = Vec::new();
+            self.store.scan_stored(&filters, &mut |b| {
+                rows.push(b);
+                true
+            })?;
+            return Ok(Some(rows));
+        }
+        self.store.find(&self.store.snapshot(), &filters)
+    }
 }
 
 /// `column op literal` or `literal op column` as (op with the column on the left, value).

@@ -12,6 +12,7 @@ mod fuzz;
 mod harness;
 mod ingest;
 mod kafka;
+mod lookup;
 mod monitoring;
 mod oracle;
 mod property;

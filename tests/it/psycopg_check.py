@@ -58,4 +58,27 @@ with psycopg.connect(f"host=127.0.0.1 port={port} user=py dbname=py", autocommit
             raise SystemExit("expected an error")
         except psycopg.errors.FeatureNotSupported:
             pass
+# A query with parameters answers in PostgreSQL's text, as one without them does: a float
+# without a trailing ".0", a timestamp without six zero decimals.
+with psycopg.connect(f"host=127.0.0.1 port={port} user=py dbname=py", autocommit=True) as conn:
+    from psycopg.types.string import TextLoader
+    for name in ("float8", "timestamp"):
+        conn.adapters.register_loader(name, TextLoader)
+    sql = ("SELECT CAST(12 AS DOUBLE PRECISION) AS x, TIMESTAMP '2026-01-01 10:00:00' AS t "
+           "WHERE 1 = {}")
+    plain = conn.execute(sql.format("1")).fetchone()
+    bound = conn.execute(sql.format("%s"), (1,)).fetchone()
+    assert plain == ("12", "2026-01-01 10:00:00"), plain
+    assert bound == plain, (bound, plain)
+    # A view read by its key, past psycopg's prepare threshold (five runs): the server
+    # answers those from the view without planning.
+    conn.execute("CREATE MATERIALIZED VIEW py_totals AS "
+                 "SELECT user_id, sum(duration_s) AS total FROM py_clicks GROUP BY user_id")
+    conn.execute("FLUSH MATERIALIZED VIEW py_totals")
+    for _ in range(8):
+        got = conn.execute("SELECT user_id, total FROM py_totals WHERE user_id = %s",
+                           ("u1",)).fetchall()
+        assert got == [("u1", "12.5")], got
+        assert conn.execute("SELECT total FROM py_totals WHERE user_id = %s",
+                            ("u2",)).fetchall() == []
 print("psycopg ok")
