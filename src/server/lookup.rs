@@ -152,3 +152,87 @@ impl Lookup {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Float64Array, Int64Array, StringArray};
+    use datafusion::arrow::datatypes::{Field, Schema};
+    use datafusion::prelude::SessionContext;
+
+    use crate::sink::view;
+    use crate::sink::{QueryOutput, WriteMode};
+    use crate::sql::options::Options;
+    use crate::types::BatchId;
+
+    /// A view keyed by `page` (text) holding three pages, and one keyed by a float, in a
+    /// session; the directory must outlive the session.
+    async fn session(dir: &std::path::Path) -> SessionContext {
+        let schema: SchemaRef = Arc::new(Schema::new(vec![
+            Field::new("page", DataType::Utf8, true),
+            Field::new("views", DataType::Int64, true),
+            Field::new("score", DataType::Float64, true),
+        ]));
+        let ctx = SessionContext::new();
+        for (name, key) in [("v", "page"), ("by_score", "score")] {
+            let output = QueryOutput {
+                schema: schema.clone(),
+                mode: WriteMode::Merge {
+                    keys: vec![key.into()],
+                },
+                keys: Some(vec![key.into()]),
+                time: None,
+            };
+            let store = view::open(&dir.join(name), &output, &Options::default()).unwrap();
+            let rows = RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(StringArray::from(vec!["/a", "/b", "/c"])),
+                    Arc::new(Int64Array::from(vec![1, 2, 3])),
+                    Arc::new(Float64Array::from(vec![0.5, 1.5, 2.5])),
+                ],
+            )
+            .unwrap();
+            store.commit(BatchId(0), vec![rows], 0).await.unwrap();
+            ctx.register_table(name, Arc::new(ViewTable::new(store, "SELECT 1")))
+                .unwrap();
+        }
+        ctx
+    }
+
+    #[tokio::test]
+    async fn whole_key_lookups_answer_as_datafusion_and_other_shapes_are_planned() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = session(dir.path()).await;
+        let lookups = [
+            "SELECT views FROM v WHERE page = '/b'",
+            "SELECT views AS n, x.page FROM v x WHERE '/c' = x.page",
+            "SELECT * FROM v WHERE page = '/nowhere'",
+            "SELECT views FROM v WHERE page = NULL",
+        ];
+        let planned = [
+            "SELECT views FROM v WHERE page = '/b' AND views > 0",
+            "SELECT views FROM v WHERE page <> '/b'",
+            "SELECT views + 1 FROM v WHERE page = '/b'",
+            "SELECT views FROM v WHERE page = '/a' OR page = '/b'",
+            "SELECT views FROM v WHERE page = '/b' LIMIT 1",
+            "SELECT views FROM v WHERE views = 2",
+            "SELECT views FROM v WHERE page = 1",
+            "SELECT views FROM by_score WHERE score = 1.5",
+            "SELECT views FROM v",
+        ];
+        for sql in lookups {
+            let plan = ctx.state().create_logical_plan(sql).await.unwrap();
+            let lookup = Lookup::analyze(&plan).unwrap_or_else(|| panic!("{sql}: not a lookup"));
+            assert_eq!(lookup.schema.as_ref(), plan.schema().as_arrow(), "{sql}");
+            let got = lookup.run().await.unwrap().expect("a loaded view answers");
+            let want = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+            let want = datafusion::arrow::compute::concat_batches(&got.schema(), &want).unwrap();
+            assert_eq!(got, want, "{sql}");
+        }
+        for sql in planned {
+            let plan = ctx.state().create_logical_plan(sql).await.unwrap();
+            assert!(Lookup::analyze(&plan).is_none(), "{sql}: taken as a lookup");
+        }
+    }
+}
