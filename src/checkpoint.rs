@@ -13,8 +13,10 @@
 //! The checkpoint knows no concrete source or sink: offsets are the JSON each source gives.
 //!
 //! Every entry is written atomically and fsynced, and never overwritten. The protocol is:
-//! `offsets/N` before batch N runs, the sink commit, then `commits/N`. On restart, an
-//! `offsets/N` without `commits/N` means batch N is replayed with exactly those offsets.
+//! `offsets/N` before batch N commits anything, the state and sink commit, then `commits/N`,
+//! written while batch N + 1 starts (so `offsets/N+1` can be durable first). On restart, an
+//! `offsets/N` without `commits/N` means batch N is replayed with exactly those offsets; a
+//! missing `commits/N-1` is then written back from it (`engine::query::resume`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

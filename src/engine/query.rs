@@ -529,7 +529,24 @@ fn resume(ckpt: &Checkpoint, sources: usize) -> Result<Resume> {
         });
     };
     let end = source_offsets(&seq, sources);
-    let commit = ckpt.latest_commit()?;
+    let mut commit = ckpt.latest_commit()?;
+    // Batch N's commit-log entry is written while batch N + 1 runs, so `offsets/N+1` can be
+    // durable without `commits/N`. Batch N's state and sink were committed before
+    // `offsets/N+1` was written, and the entry's one value, the next batch's watermark, is
+    // `offsets/N+1`'s: the entry is written back as the run would have written it.
+    if let Some(before) = last.prev()
+        && commit.as_ref().map_or(BatchId(0), |(c, _)| c.next()) == before
+    {
+        let entry = CommitEntry {
+            next_batch_watermark_ms: seq.metadata.batch_watermark_ms,
+        };
+        ckpt.write_commit(before, &entry)?;
+        tracing::info!(
+            batch = before.get(),
+            "commit log entry written back from the next batch's offsets"
+        );
+        commit = Some((before, entry));
+    }
     if let Some((c, entry)) = &commit
         && *c == last
     {
@@ -884,199 +901,251 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
         Trigger::Once => ReadLimit::AllAvailable,
         _ => ReadLimit::Default,
     };
-    loop {
-        if let Some(reason) = *task.stop.borrow() {
-            return Ok(Outcome::Stopped(reason));
-        }
-        let trigger_start = Instant::now();
-        let trigger_wall = Utc::now();
-        trigger_no += 1;
-        runner
-            .registry
-            .update(&runner.def.name, |s| s.triggers = trigger_no);
-        // Arrivals from now on wake the next wait.
-        for a in arrivals.iter_mut() {
-            a.borrow_and_update();
-        }
-        let deadline = match trigger {
-            Trigger::ProcessingTime(d) => {
-                let now_ms = trigger_wall.timestamp_millis() as u128;
-                let d_ms = d.as_millis().max(1);
-                let next_ms = now_ms / d_ms * d_ms + d_ms;
-                Some(trigger_start + Duration::from_millis((next_ms - now_ms) as u64))
+    // Batch N's commit-log entry while it is being written, and what waits for it.
+    let mut committing: Option<Committing> = None;
+    let result = outcome_of(async {
+        loop {
+            if let Some(reason) = *task.stop.borrow() {
+                return Ok(Outcome::Stopped(reason));
             }
-            _ => None,
-        };
-        let mut durations: BTreeMap<String, u64> = BTreeMap::new();
-        let mut phases = Phases::new(trigger_start);
-        let mut wal: Option<WalWrite> = None;
-        // Whether this trigger's batch takes everything its sources held when it started
-        // (a replayed batch was planned by an earlier run: it does not count).
-        let mut drains = false;
-        let batch = match pending.take() {
-            Some(p) => Some(p),
-            None => {
-                let t = Instant::now();
-                let mut latest = Vec::with_capacity(runner.sources.len());
-                for (i, source) in runner.sources.iter_mut().enumerate() {
-                    let l = source
-                        .latest_offset(committed_end[i].as_ref(), limit)
-                        .await?;
-                    latest.push(l.or_else(|| committed_end[i].clone()));
-                }
-                durations.insert("latestOffset".into(), t.elapsed().as_millis() as u64);
-                phases.mark("latestOffset");
-                drains = !runner.sources.iter().any(|s| s.held_back());
-                let has_data = latest.iter().any(Option::is_some) && latest != committed_end;
-                if (has_data || no_data_due) && latest.iter().any(Option::is_some) {
-                    let timestamp_ms = Utc::now().timestamp_millis();
-                    let seq = OffsetSeq {
-                        metadata: OffsetMetadata {
-                            batch_watermark_ms: global_wm,
-                            batch_timestamp_ms: timestamp_ms,
-                            conf: BTreeMap::from([
-                                (
-                                    "spark.sql.streaming.multipleWatermarkPolicy".to_string(),
-                                    runner.watermark_policy.as_str().to_string(),
-                                ),
-                                (
-                                    "spark.sql.shuffle.partitions".to_string(),
-                                    runner.def.state_partitions.to_string(),
-                                ),
-                            ]),
-                        },
-                        offsets: latest.clone(),
-                    };
-                    // Written while the batch reads and runs; awaited before anything
-                    // of the batch is committed or shown (`run_batch`).
-                    let ckpt = runner.ckpt.clone();
-                    let id = next_batch;
-                    wal = Some(tokio::task::spawn_blocking(move || {
-                        let t = Instant::now();
-                        ckpt.write_offsets(id, &seq)?;
-                        crate::testing::crash_point("after_offsets_write");
-                        Ok(t.elapsed())
-                    }));
-                    Some(PlannedBatch {
-                        id: next_batch,
-                        start: committed_end.clone(),
-                        end: latest,
-                        watermark_ms: global_wm,
-                        late_watermark_ms: last_batch_wm,
-                        timestamp_ms,
-                    })
-                } else {
-                    None
-                }
+            let trigger_start = Instant::now();
+            let trigger_wall = Utc::now();
+            trigger_no += 1;
+            runner
+                .registry
+                .update(&runner.def.name, |s| s.triggers = trigger_no);
+            // Arrivals from now on wake the next wait.
+            for a in arrivals.iter_mut() {
+                a.borrow_and_update();
             }
-        };
-        match batch {
-            None => {
-                owed_watermark = false;
-                // A bounded run (once, available_now) is caught up when it has finished:
-                // FLUSH waits for that, not for a drained trigger.
-                if !trigger.is_bounded() {
-                    runner
-                        .registry
-                        .update(&runner.def.name, |s| s.last_drained_trigger = trigger_no);
+            let deadline = match trigger {
+                Trigger::ProcessingTime(d) => {
+                    let now_ms = trigger_wall.timestamp_millis() as u128;
+                    let d_ms = d.as_millis().max(1);
+                    let next_ms = now_ms / d_ms * d_ms + d_ms;
+                    Some(trigger_start + Duration::from_millis((next_ms - now_ms) as u64))
                 }
-                let elapsed = trigger_start.elapsed();
-                durations.insert("triggerExecution".into(), elapsed.as_millis() as u64);
-                runner.report_idle(
-                    next_batch,
-                    &committed_end,
-                    global_wm,
-                    trigger_wall,
-                    elapsed,
-                    durations,
-                );
-                prev_trigger_start = Some(trigger_start);
-                if trigger.is_bounded() {
-                    return Ok(Outcome::Finished);
-                }
-                let wait_until = deadline.unwrap_or(trigger_start + POLL_INTERVAL);
-                wait(&mut task.stop, &task.wake, &mut arrivals, wait_until).await;
-            }
-            Some(b) => {
-                let stats = runner
-                    .run_batch(&b, wal, &mut durations, &mut phases)
-                    .await?;
-                // The watermark moves at the end of the batch (spec §2.2).
-                let candidates: Vec<Option<i64>> = runner
-                    .plan
-                    .watermarks
-                    .iter()
-                    .zip(&stats.event_time)
-                    .map(|(w, e)| (e.count > 0).then(|| e.max.div_euclid(1000) - delay_ms(&w.spec)))
-                    .collect();
-                global_wm = advance_watermark(
-                    global_wm,
-                    &mut runner.node_watermarks,
-                    &candidates,
-                    runner.watermark_policy,
-                );
-                let t = Instant::now();
-                runner.ckpt.write_commit(
-                    b.id,
-                    &CommitEntry {
-                        next_batch_watermark_ms: global_wm,
-                    },
-                )?;
-                durations.insert("commitOffsets".into(), t.elapsed().as_millis() as u64);
-                phases.mark("commitLog");
-                crate::testing::crash_point("after_commit_log");
-                // Old log entries go in the background: nothing reads them.
-                let (ckpt, id) = (runner.ckpt.clone(), b.id);
-                tokio::task::spawn_blocking(move || ckpt.purge(id));
-                for (source, end) in runner.sources.iter_mut().zip(&b.end) {
-                    if let Some(end) = end {
-                        source.commit(end).await?;
+                _ => None,
+            };
+            let mut durations: BTreeMap<String, u64> = BTreeMap::new();
+            let mut phases = Phases::new(trigger_start);
+            let mut wal: Option<WalWrite> = None;
+            // Whether this trigger's batch takes everything its sources held when it started
+            // (a replayed batch was planned by an earlier run: it does not count).
+            let mut drains = false;
+            let batch = match pending.take() {
+                Some(p) => Some(p),
+                None => {
+                    let t = Instant::now();
+                    let mut latest = Vec::with_capacity(runner.sources.len());
+                    for (i, source) in runner.sources.iter_mut().enumerate() {
+                        let l = source
+                            .latest_offset(committed_end[i].as_ref(), limit)
+                            .await?;
+                        latest.push(l.or_else(|| committed_end[i].clone()));
+                    }
+                    durations.insert("latestOffset".into(), t.elapsed().as_millis() as u64);
+                    phases.mark("latestOffset");
+                    drains = !runner.sources.iter().any(|s| s.held_back());
+                    let has_data = latest.iter().any(Option::is_some) && latest != committed_end;
+                    if (has_data || no_data_due) && latest.iter().any(Option::is_some) {
+                        let timestamp_ms = Utc::now().timestamp_millis();
+                        let seq = OffsetSeq {
+                            metadata: OffsetMetadata {
+                                batch_watermark_ms: global_wm,
+                                batch_timestamp_ms: timestamp_ms,
+                                conf: BTreeMap::from([
+                                    (
+                                        "spark.sql.streaming.multipleWatermarkPolicy".to_string(),
+                                        runner.watermark_policy.as_str().to_string(),
+                                    ),
+                                    (
+                                        "spark.sql.shuffle.partitions".to_string(),
+                                        runner.def.state_partitions.to_string(),
+                                    ),
+                                ]),
+                            },
+                            offsets: latest.clone(),
+                        };
+                        // Written while the batch reads and runs; awaited before anything
+                        // of the batch is committed or shown (`run_batch`).
+                        let ckpt = runner.ckpt.clone();
+                        let id = next_batch;
+                        wal = Some(tokio::task::spawn_blocking(move || {
+                            let t = Instant::now();
+                            ckpt.write_offsets(id, &seq)?;
+                            crate::testing::crash_point("after_offsets_write");
+                            Ok(t.elapsed())
+                        }));
+                        Some(PlannedBatch {
+                            id: next_batch,
+                            start: committed_end.clone(),
+                            end: latest,
+                            watermark_ms: global_wm,
+                            late_watermark_ms: last_batch_wm,
+                            timestamp_ms,
+                        })
+                    } else {
+                        None
                     }
                 }
-                phases.mark("sourceCommit");
-                runner.plan.for_each_operator(|_, op| op.maintain()).await?;
-                phases.mark("maintain");
-                let elapsed = trigger_start.elapsed();
-                durations.insert("triggerExecution".into(), elapsed.as_millis() as u64);
-                runner.report(
-                    &b,
-                    trigger_wall,
-                    elapsed,
-                    prev_trigger_start.map(|p| trigger_start.duration_since(p)),
-                    stats,
-                    durations,
-                );
-                phases.mark("report");
-
-                tracing::debug!(sink = %runner.def.name, batch = b.id.get(), phases = %phases, "batch phases");
-                prev_trigger_start = Some(trigger_start);
-                committed_end = b.end.clone();
-                next_batch = b.id.next();
-                last_batch_wm = b.watermark_ms;
-                no_data_due = wants_no_data && global_wm > b.watermark_ms;
-                // FLUSH's mark: this batch took everything its sources held, and the
-                // watermark it moved needs no no-data batch, or an earlier such batch's
-                // watermark is now applied (a source that never runs dry leaves no room for
-                // a no-data batch: the next batch applies it).
-                if drains && (owed_watermark || !no_data_due) {
+            };
+            match batch {
+                None => {
+                    if let Some(c) = committing.take() {
+                        runner.finish_commit(c).await?;
+                    }
                     owed_watermark = false;
+                    // A bounded run (once, available_now) is caught up when it has finished:
+                    // FLUSH waits for that, not for a drained trigger.
                     if !trigger.is_bounded() {
                         runner
                             .registry
                             .update(&runner.def.name, |s| s.last_drained_trigger = trigger_no);
                     }
-                } else if drains {
-                    owed_watermark = true;
+                    let elapsed = trigger_start.elapsed();
+                    durations.insert("triggerExecution".into(), elapsed.as_millis() as u64);
+                    runner.report_idle(
+                        next_batch,
+                        &committed_end,
+                        global_wm,
+                        trigger_wall,
+                        elapsed,
+                        durations,
+                    );
+                    prev_trigger_start = Some(trigger_start);
+                    if trigger.is_bounded() {
+                        return Ok(Outcome::Finished);
+                    }
+                    let wait_until = deadline.unwrap_or(trigger_start + POLL_INTERVAL);
+                    wait(&mut task.stop, &task.wake, &mut arrivals, wait_until).await;
                 }
-                if trigger == Trigger::Once {
-                    return Ok(Outcome::Finished);
-                }
-                if let Some(d) = deadline {
-                    wait(&mut task.stop, &task.wake, &mut [], d).await;
+                Some(b) => {
+                    let stats = runner
+                        .run_batch(&b, wal, &mut durations, &mut phases)
+                        .await?;
+                    // The watermark moves at the end of the batch (spec §2.2).
+                    let candidates: Vec<Option<i64>> = runner
+                        .plan
+                        .watermarks
+                        .iter()
+                        .zip(&stats.event_time)
+                        .map(|(w, e)| (e.count > 0).then(|| e.max.div_euclid(1000) - delay_ms(&w.spec)))
+                        .collect();
+                    global_wm = advance_watermark(
+                        global_wm,
+                        &mut runner.node_watermarks,
+                        &candidates,
+                        runner.watermark_policy,
+                    );
+                    // Batch N - 1's entry is durable before batch N's is written: the commit
+                    // log stays in order.
+                    if let Some(c) = committing.take() {
+                        runner.finish_commit(c).await?;
+                    }
+                    phases.mark("previousCommit");
+                    // Batch N's entry is written while batch N + 1 is planned and runs;
+                    // `offsets/N+1` may be durable first (a restart then writes it back:
+                    // `resume`). What needs batch N committed waits for it: `finish_commit`.
+                    let (ckpt, id) = (runner.ckpt.clone(), b.id);
+                    let entry = CommitEntry {
+                        next_batch_watermark_ms: global_wm,
+                    };
+                    let write = tokio::task::spawn_blocking(move || {
+                        let t = Instant::now();
+                        ckpt.write_commit(id, &entry)?;
+                        crate::testing::crash_point("after_commit_log");
+                        let took = t.elapsed();
+                        tracing::debug!(batch = id.get(), us = took.as_micros() as u64, "commit log written");
+                        Ok(took)
+                    });
+                    runner.plan.for_each_operator(|_, op| op.maintain()).await?;
+                    phases.mark("maintain");
+                    let elapsed = trigger_start.elapsed();
+                    durations.insert("triggerExecution".into(), elapsed.as_millis() as u64);
+                    let progress = runner.progress(
+                        &b,
+                        trigger_wall,
+                        elapsed,
+                        prev_trigger_start.map(|p| trigger_start.duration_since(p)),
+                        stats,
+                        durations,
+                    );
+                    phases.mark("report");
+
+                    tracing::debug!(sink = %runner.def.name, batch = b.id.get(), phases = %phases, "batch phases");
+                    prev_trigger_start = Some(trigger_start);
+                    committed_end = b.end.clone();
+                    next_batch = b.id.next();
+                    last_batch_wm = b.watermark_ms;
+                    no_data_due = wants_no_data && global_wm > b.watermark_ms;
+                    // FLUSH's mark: this batch took everything its sources held, and the
+                    // watermark it moved needs no no-data batch, or an earlier such batch's
+                    // watermark is now applied (a source that never runs dry leaves no room for
+                    // a no-data batch: the next batch applies it).
+                    let mut drained_trigger = None;
+                    if drains && (owed_watermark || !no_data_due) {
+                        owed_watermark = false;
+                        if !trigger.is_bounded() {
+                            drained_trigger = Some(trigger_no);
+                        }
+                    } else if drains {
+                        owed_watermark = true;
+                    }
+                    committing = Some(Committing {
+                        write,
+                        end: b.end,
+                        progress,
+                        drained_trigger,
+                    });
+                    if trigger == Trigger::Once {
+                        return Ok(Outcome::Finished);
+                    }
+                    if let Some(d) = deadline {
+                        // Nothing runs before the next trigger: the batch's report does not
+                        // wait for it.
+                        if let Some(c) = committing.take() {
+                            runner.finish_commit(c).await?;
+                        }
+                        wait(&mut task.stop, &task.wake, &mut [], d).await;
+                    }
                 }
             }
         }
+    })
+    .await;
+    match result {
+        Ok(outcome) => {
+            if let Some(c) = committing.take() {
+                runner.finish_commit(c).await?;
+            }
+            Ok(outcome)
+        }
+        Err(e) => {
+            // A restart must not race the commit log's write.
+            if let Some(c) = committing.take() {
+                let _ = c.write.await;
+            }
+            Err(e)
+        }
     }
+}
+
+/// Gives the trigger loop's block its type, for its `?`s.
+fn outcome_of<F: std::future::Future<Output = Result<Outcome>>>(f: F) -> F {
+    f
+}
+
+/// Batch N, run and committed to its sink and state, while its commit-log entry
+/// (`commits/N`) is being written; what waits for that entry.
+struct Committing {
+    write: tokio::task::JoinHandle<Result<Duration>>,
+    /// The sources' end offsets, committed to them once the entry is durable.
+    end: Offsets,
+    /// The report, published then.
+    progress: Progress,
+    /// FLUSH's mark, set then.
+    drained_trigger: Option<u64>,
 }
 
 /// The offsets log's write of a planned batch, under way; its duration when done.
@@ -1375,15 +1444,46 @@ impl Runner {
         Ok(out)
     }
 
-    fn report(
-        &mut self,
+    /// Waits for a batch's commit-log entry, then does what waits for the batch to be
+    /// committed: the sources' commit (what only this query needed may go), the purge of
+    /// old log entries, the progress report and FLUSH's mark.
+    async fn finish_commit(&mut self, c: Committing) -> Result<()> {
+        let took = c
+            .write
+            .await
+            .map_err(|e| Error::Internal(format!("commit log writer: {e}")))??;
+        let mut progress = c.progress;
+        progress
+            .duration_ms
+            .insert("commitOffsets".into(), took.as_millis() as u64);
+        // Old log entries go in the background: nothing reads them.
+        let (ckpt, id) = (self.ckpt.clone(), progress.batch_id);
+        tokio::task::spawn_blocking(move || ckpt.purge(id));
+        for (source, end) in self.sources.iter_mut().zip(&c.end) {
+            if let Some(end) = end {
+                source.commit(end).await?;
+            }
+        }
+        self.publish(progress);
+        if let Some(t) = c.drained_trigger {
+            self.registry
+                .update(&self.def.name, |s| s.last_drained_trigger = t);
+        }
+        Ok(())
+    }
+
+    /// Batch `b`'s progress report, built when it has run (its sources' backlog and
+    /// latest offsets as they are then); [`Runner::publish`] shows it once the batch's
+    /// commit-log entry is durable.
+    fn progress(
+        &self,
         b: &PlannedBatch,
         trigger_wall: chrono::DateTime<Utc>,
         elapsed: Duration,
         since_prev_trigger: Option<Duration>,
         stats: BatchStats,
         duration_ms: BTreeMap<String, u64>,
-    ) {
+    ) -> Progress {
         let rows_in: u64 = stats.rows_in.iter().sum();
         let processing_s = (elapsed.as_millis().max(1)) as f64 / 1000.0;
         let rates = |rows: u64| {
@@ -1468,7 +1568,7 @@ impl Runner {
                 }
             })
             .collect();
-        let progress = Progress {
+        Progress {
             id: self.ckpt.id,
             run_id: self.run_id,
             name: self.def.name.clone(),
@@ -1480,7 +1580,7 @@ impl Runner {
             processed_rows_per_second: processed,
             duration_ms,
             event_time,
-            state_operators: state_operators.clone(),
+            state_operators,
             sources,
             sink: SinkProgress {
                 description: self.sink.describe(),
@@ -1492,20 +1592,26 @@ impl Runner {
             ),
             watermark_lag_ms: self.watermark_lag_ms(b.watermark_ms),
             idle: false,
-        };
+        }
+    }
+
+    /// Shows a committed batch's report: the registry, `tidemark.progress`, the listener
+    /// bus and the metrics.
+    fn publish(&mut self, progress: Progress) {
         tracing::info!(
             query = %self.def.name,
-            batch = b.id.get(),
-            rows = rows_in,
-            elapsed_ms = elapsed.as_millis() as u64,
+            batch = progress.batch_id.get(),
+            rows = progress.num_input_rows,
+            elapsed_ms = progress.batch_duration,
             "micro-batch committed"
         );
         super::metrics::record(&progress);
-        self.last_state_operators = state_operators;
+        self.last_state_operators = progress.state_operators.clone();
         self.last_kept_report = Some(Instant::now());
         let now = Utc::now();
+        let id = progress.batch_id;
         self.registry.update(&self.def.name, |s| {
-            s.last_batch_id = Some(b.id);
+            s.last_batch_id = Some(id);
             s.last_progress_at = Some(now);
         });
         let progress = Arc::new(progress);
@@ -1624,4 +1730,118 @@ fn partition(batches: Vec<RecordBatch>, n: usize) -> Vec<Vec<RecordBatch>> {
         parts[i % n].push(b);
     }
     parts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offsets(ck: &Checkpoint, n: u64, watermark_ms: i64, end: i64) {
+        let seq = OffsetSeq {
+            metadata: OffsetMetadata {
+                batch_watermark_ms: watermark_ms,
+                batch_timestamp_ms: 1_000 + n as i64,
+                conf: BTreeMap::new(),
+            },
+            offsets: vec![Some(serde_json::json!(end))],
+        };
+        ck.write_offsets(BatchId(n), &seq).unwrap();
+    }
+
+    fn commit(ck: &Checkpoint, n: u64, watermark_ms: i64) {
+        let entry = CommitEntry {
+            next_batch_watermark_ms: watermark_ms,
+        };
+        ck.write_commit(BatchId(n), &entry).unwrap();
+    }
+
+    fn commits(dir: &std::path::Path) -> Vec<u64> {
+        crate::fsutil::numbered(&dir.join("commits"), "").unwrap()
+    }
+
+    fn replay(id: u64, start: i64, end: i64, watermark_ms: i64, late_ms: i64) -> PlannedBatch {
+        PlannedBatch {
+            id: BatchId(id),
+            start: vec![Some(serde_json::json!(start))],
+            end: vec![Some(serde_json::json!(end))],
+            watermark_ms,
+            late_watermark_ms: late_ms,
+            timestamp_ms: 1_000 + id as i64,
+        }
+    }
+
+    /// Batch 0 committed (next watermark 5), batch 1 planned.
+    fn batch_1_planned() -> (tempfile::TempDir, Checkpoint) {
+        let dir = tempfile::tempdir().unwrap();
+        let ck = Checkpoint::open(dir.path()).unwrap();
+        offsets(&ck, 0, 0, 10);
+        commit(&ck, 0, 5);
+        offsets(&ck, 1, 5, 20);
+        (dir, ck)
+    }
+
+    #[test]
+    fn a_commit_entry_still_being_written_is_written_back_from_the_next_offsets() {
+        let (dir, ck) = batch_1_planned();
+        // The crash came after offsets/2 was durable, before commits/1 was.
+        offsets(&ck, 2, 7, 30);
+        let r = resume(&ck, 1).unwrap();
+        assert_eq!(commits(dir.path()), vec![0, 1]);
+        assert_eq!(
+            ck.latest_commit().unwrap(),
+            Some((
+                BatchId(1),
+                CommitEntry {
+                    next_batch_watermark_ms: 7
+                }
+            ))
+        );
+        // Batch 2 is replayed as planned: from batch 1's end, judged late by WM(1).
+        assert_eq!(
+            r,
+            Resume {
+                next_batch: BatchId(2),
+                committed_end: vec![Some(serde_json::json!(20))],
+                pending: Some(replay(2, 20, 30, 7, 5)),
+                watermark_ms: 7,
+                last_batch_watermark_ms: 5,
+            }
+        );
+    }
+
+    #[test]
+    fn the_first_batch_s_commit_entry_is_written_back_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let ck = Checkpoint::open(dir.path()).unwrap();
+        offsets(&ck, 0, 0, 10);
+        offsets(&ck, 1, 4, 20);
+        let r = resume(&ck, 1).unwrap();
+        assert_eq!(commits(dir.path()), vec![0]);
+        assert_eq!(r.pending, Some(replay(1, 10, 20, 4, 0)));
+    }
+
+    #[test]
+    fn a_batch_planned_and_not_committed_is_replayed_and_nothing_is_written() {
+        let (dir, ck) = batch_1_planned();
+        let r = resume(&ck, 1).unwrap();
+        assert_eq!(commits(dir.path()), vec![0]);
+        assert_eq!(r.pending, Some(replay(1, 10, 20, 5, 0)));
+        // Committed: the next batch is new.
+        commit(&ck, 1, 9);
+        let r = resume(&ck, 1).unwrap();
+        assert_eq!(r.pending, None);
+        assert_eq!((r.next_batch, r.watermark_ms), (BatchId(2), 9));
+    }
+
+    #[test]
+    fn a_longer_gap_is_not_filled() {
+        // Only the entry just before the newest offsets can be under way; a longer gap is
+        // not this run's making (Spark warns and replays the newest batch too).
+        let (dir, ck) = batch_1_planned();
+        offsets(&ck, 2, 6, 30);
+        offsets(&ck, 3, 7, 40);
+        let r = resume(&ck, 1).unwrap();
+        assert_eq!(commits(dir.path()), vec![0]);
+        assert_eq!(r.pending, Some(replay(3, 30, 40, 7, 6)));
+    }
 }
