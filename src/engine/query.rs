@@ -1030,7 +1030,9 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                         .watermarks
                         .iter()
                         .zip(&stats.event_time)
-                        .map(|(w, e)| (e.count > 0).then(|| e.max.div_euclid(1000) - delay_ms(&w.spec)))
+                        .map(|(w, e)| {
+                            (e.count > 0).then(|| e.max.div_euclid(1000) - delay_ms(&w.spec))
+                        })
                         .collect();
                     global_wm = advance_watermark(
                         global_wm,
@@ -1056,7 +1058,8 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                         ckpt.write_commit(id, &entry)?;
                         crate::testing::crash_point("after_commit_log");
                         let took = t.elapsed();
-                        tracing::debug!(batch = id.get(), us = took.as_micros() as u64, "commit log written");
+                        let us = took.as_micros() as u64;
+                        tracing::debug!(batch = id.get(), us, "commit log written");
                         Ok(took)
                     });
                     runner.plan.for_each_operator(|_, op| op.maintain()).await?;
@@ -1073,7 +1076,8 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                     );
                     phases.mark("report");
 
-                    tracing::debug!(sink = %runner.def.name, batch = b.id.get(), phases = %phases, "batch phases");
+                    let sink = &runner.def.name;
+                    tracing::debug!(%sink, batch = b.id.get(), %phases, "batch phases");
                     prev_trigger_start = Some(trigger_start);
                     committed_end = b.end.clone();
                     next_batch = b.id.next();
