@@ -992,9 +992,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
             };
             match batch {
                 None => {
-                    if let Some(c) = committing.take() {
-                        runner.finish_commit(c).await?;
-                    }
+                    runner.finish_commit(committing.take()).await?;
                     owed_watermark = false;
                     // A bounded run (once, available_now) is caught up when it has finished:
                     // FLUSH waits for that, not for a drained trigger.
@@ -1042,9 +1040,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                     );
                     // Batch N - 1's entry is durable before batch N's is written: the commit
                     // log stays in order.
-                    if let Some(c) = committing.take() {
-                        runner.finish_commit(c).await?;
-                    }
+                    runner.finish_commit(committing.take()).await?;
                     phases.mark("previousCommit");
                     // Batch N's entry is written while batch N + 1 is planned and runs;
                     // `offsets/N+1` may be durable first (a restart then writes it back:
@@ -1108,9 +1104,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
                     if let Some(d) = deadline {
                         // Nothing runs before the next trigger: the batch's report does not
                         // wait for it.
-                        if let Some(c) = committing.take() {
-                            runner.finish_commit(c).await?;
-                        }
+                        runner.finish_commit(committing.take()).await?;
                         wait(&mut task.stop, &task.wake, &mut [], d).await;
                     }
                 }
@@ -1120,9 +1114,7 @@ async fn run_inner(mut task: QueryTask) -> Result<Outcome> {
     .await;
     match result {
         Ok(outcome) => {
-            if let Some(c) = committing.take() {
-                runner.finish_commit(c).await?;
-            }
+            runner.finish_commit(committing.take()).await?;
             Ok(outcome)
         }
         Err(e) => {
@@ -1450,8 +1442,11 @@ impl Runner {
 
     /// Waits for a batch's commit-log entry, then does what waits for the batch to be
     /// committed: the sources' commit (what only this query needed may go), the purge of
-    /// old log entries, the progress report and FLUSH's mark.
-    async fn finish_commit(&mut self, c: Committing) -> Result<()> {
+    /// old log entries, the progress report and FLUSH's mark. Nothing if no batch is waiting.
+    async fn finish_commit(&mut self, c: Option<Committing>) -> Result<()> {
+        let Some(c) = c else {
+            return Ok(());
+        };
         let took = c
             .write
             .await
