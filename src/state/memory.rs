@@ -36,8 +36,11 @@
 //! Loading version `v` reads the newest snapshot at or before `v` and applies the deltas
 //! after it, in order. Files of versions after `v` (left by a batch that crashed before its
 //! commit log) are ignored and overwritten when that version is committed again. Snapshots
-//! are written after the commit log ([`StateStore::maintain`]), every
-//! [`super::SNAPSHOT_INTERVAL`] versions, streamed through a temporary file and a rename.
+//! are written by [`StateStore::maintain`], every [`super::SNAPSHOT_INTERVAL`] versions,
+//! through a temporary file and a rename, and old versions are removed only after the
+//! snapshot is durable. A state of at most [`BACKGROUND_SNAPSHOT_MAX_BYTES`] is encoded into
+//! memory and written on its own thread while the next batch runs (off the batch's path);
+//! a larger one is streamed to its file in place.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -60,7 +63,7 @@ use super::codec::{Codec, Encoded, check_metadata, ipc_file_writer};
 use super::{StateLayout, StateMetrics, StateStore, StoreKind, snapshot_interval};
 use crate::config::MIN_BATCHES_TO_RETAIN;
 use crate::error::{Error, Result};
-use crate::fsutil::{numbered, write_atomic, write_atomic_with};
+use crate::fsutil::{numbered, write_atomic, write_atomic_then, write_atomic_with};
 
 /// Times are grouped into buckets of `2^BUCKET_SHIFT` microseconds (about 67 s).
 const BUCKET_SHIFT: u32 = 26;
@@ -73,6 +76,10 @@ const HEADER: usize = 12;
 const LIVE: u32 = 1 << 31;
 const DIRTY: u32 = 1 << 30;
 const BUCKET_MASK: u32 = DIRTY - 1;
+/// A snapshot of a state at most this large (by [`MemoryState::memory_bytes`]) is encoded
+/// into memory and written on its own thread, off the batch's path; a larger one is
+/// streamed to its file in [`StateStore::maintain`], as a copy would double its memory.
+pub(super) const BACKGROUND_SNAPSHOT_MAX_BYTES: u64 = if cfg!(test) { 256 << 10 } else { 64 << 20 };
 /// Arenas smaller than this are never compacted.
 const COMPACT_MIN_BYTES: usize = if cfg!(test) { 4096 } else { 1 << 20 };
 
@@ -181,6 +188,10 @@ pub struct MemoryState {
     updated: u64,
     removed: u64,
     version: u64,
+    /// The snapshot being written on its own thread, then the removal of the versions it
+    /// makes unneeded ([`StateStore::maintain`]); joined before the next one, a load, or
+    /// the store's end.
+    snapshotting: Option<std::thread::JoinHandle<Result<()>>>,
 }
 
 fn file_schema() -> SchemaRef {
@@ -346,7 +357,18 @@ impl MemoryState {
             updated: 0,
             removed: 0,
             version: 0,
+            snapshotting: None,
         })
+    }
+
+    /// Waits for the snapshot being written on its own thread, if any, with its outcome.
+    fn settle(&mut self) -> Result<()> {
+        match self.snapshotting.take() {
+            Some(h) => h
+                .join()
+                .map_err(|_| Error::Internal("the state snapshot thread panicked".into()))?,
+            None => Ok(()),
+        }
     }
 
     fn reset(&mut self) {
@@ -693,6 +715,11 @@ impl StateStore for MemoryState {
     }
 
     fn load(&mut self, version: u64) -> Result<()> {
+        // Files are listed only once the snapshot under way is in place and the removal
+        // after it done. Its failure loses nothing: the deltas are removed only after it.
+        if let Err(e) = self.settle() {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "state snapshot failed");
+        }
         self.reset();
         self.version = version;
         let mut failed = None;
@@ -853,22 +880,61 @@ impl StateStore for MemoryState {
         if version == 0 || !version.is_multiple_of(interval) {
             return Ok(());
         }
-        write_atomic_with(
-            &self.dir.join(format!("{version}.snapshot")),
-            |out| self.write_snapshot(out),
-            || crate::testing::crash_point("mid_state_snapshot"),
-        )?;
+        // One snapshot at a time; the previous one's failure fails this batch, as it would
+        // have failed its own had it been written in place.
+        self.settle()?;
+        let path = self.dir.join(format!("{version}.snapshot"));
         // Keep what loading any of the last MIN_BATCHES_TO_RETAIN versions needs.
         let keep_from = version.saturating_sub(MIN_BATCHES_TO_RETAIN + interval);
-        for ext in [".delta", ".snapshot"] {
-            for v in numbered(&self.dir, ext)
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|&v| v < keep_from)
-            {
-                let _ = std::fs::remove_file(self.dir.join(format!("{v}{ext}")));
-            }
+        let dir = self.dir.clone();
+        if self.memory_bytes() > BACKGROUND_SNAPSHOT_MAX_BYTES {
+            write_atomic_with(
+                &path,
+                |out| self.write_snapshot(out),
+                || crate::testing::crash_point("mid_state_snapshot"),
+            )?;
+            remove_versions_before(&dir, keep_from);
+            return Ok(());
         }
+        // Encoded now (the next batch changes the table), written while the next batch
+        // runs. Loading never needs it: the deltas it covers stay until it is durable.
+        let mut bytes = Vec::new();
+        self.write_snapshot(&mut bytes)?;
+        let thread = std::thread::Builder::new()
+            .name("state-snapshot".into())
+            .spawn(move || {
+                write_atomic_then(&path, &bytes, || {
+                    crate::testing::crash_point("mid_state_snapshot")
+                })?;
+                remove_versions_before(&dir, keep_from);
+                Ok(())
+            })
+            .map_err(|e| Error::io("starting the state snapshot thread", e))?;
+        self.snapshotting = Some(thread);
         Ok(())
+    }
+}
+
+impl Drop for MemoryState {
+    /// Waits for the snapshot under way, so that nothing writes into the store's folder
+    /// after the store is gone (a dropped query's folder is removed).
+    fn drop(&mut self) {
+        if let Err(e) = self.settle() {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "state snapshot failed");
+        }
+    }
+}
+
+/// Removes the deltas and snapshots of versions before `keep_from` (best effort: a file
+/// left is only space).
+fn remove_versions_before(dir: &Path, keep_from: u64) {
+    for ext in [".delta", ".snapshot"] {
+        for v in numbered(dir, ext)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|&v| v < keep_from)
+        {
+            let _ = std::fs::remove_file(dir.join(format!("{v}{ext}")));
+        }
     }
 }

@@ -224,7 +224,9 @@ pub trait StateStore: Send + Sync {
     /// Makes the current state durable as `version`.
     fn commit(&mut self, version: u64) -> Result<StateMetrics>;
 
-    /// Background work after the batch's commit log: snapshots and removal of versions no
-    /// longer needed. A crash before or during it loses nothing.
+    /// Work after the batch's state, sink and offsets are durable (its commit-log entry may
+    /// still be being written): snapshots and removal of versions no longer needed. A
+    /// crash before or during it loses nothing. It may leave work running on its own
+    /// thread; a later `maintain`, `load` or the store's drop waits for it.
     fn maintain(&mut self) -> Result<()>;
 }

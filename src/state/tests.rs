@@ -479,3 +479,71 @@ fn sessions_are_found_by_group() {
         assert_eq!(contents(&[got]), vec![(0, "a".into(), 3)], "{kind:?}");
     }
 }
+
+/// The memory store's snapshots, written on their own thread (a small state) and in place
+/// (a state above `BACKGROUND_SNAPSHOT_MAX_BYTES`): each is in place once `maintain` is
+/// waited for (by a load or the drop), old versions go only after it, and a load from the
+/// snapshot alone, every delta it covers removed, gives the rows a map of the changes
+/// holds.
+#[test]
+fn memory_snapshots_on_their_own_thread_and_in_place_load_alike() {
+    use std::collections::BTreeMap;
+    for big in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let none = rows(&[]);
+        let mut s = open(StoreKind::Memory, dir.path(), layout(2, false)).unwrap();
+        s.load(0).unwrap();
+        // Big: 3,000 keys of 100 bytes (above the test build's 256 KiB).
+        let width = if big { 3000 } else { 3 };
+        let pad = "x".repeat(if big { 100 } else { 1 });
+        let mut model = BTreeMap::new();
+        let mut snapshot_seen_at_once = Vec::new();
+        for v in 1..=125u64 {
+            let batch: Vec<(i64, String, i64)> = (0..width)
+                .map(|i| {
+                    (
+                        0,
+                        format!("{pad}{}", (i * 7 + v as usize) % (width * 2)),
+                        v as i64,
+                    )
+                })
+                .collect();
+            for (t, k, n) in &batch {
+                model.insert((*t, k.clone()), *n);
+            }
+            let b: Vec<(i64, &str, i64)> =
+                batch.iter().map(|(t, k, n)| (*t, k.as_str(), *n)).collect();
+            s.apply(&rows(&b), &none).unwrap();
+            s.commit(v).unwrap();
+            s.maintain().unwrap();
+            if v % 10 == 0 {
+                snapshot_seen_at_once.push(dir.path().join(format!("{v}.snapshot")).exists());
+            }
+            if v == 60 {
+                // A load waits for the snapshot under way.
+                s.load(60).unwrap();
+                assert!(dir.path().join("60.snapshot").exists(), "big={big}");
+            }
+        }
+        if big {
+            assert!(snapshot_seen_at_once.iter().all(|&x| x), "written in place");
+        }
+        drop(s);
+        let files = |ext: &str| crate::fsutil::numbered(dir.path(), ext).unwrap();
+        // The snapshot of 120 keeps what loading versions from 10 needs.
+        assert_eq!(
+            files(".snapshot"),
+            (1..=12).map(|i| i * 10).collect::<Vec<_>>(),
+            "big={big}"
+        );
+        assert_eq!(files(".delta"), (10..=125).collect::<Vec<_>>(), "big={big}");
+        for v in 10..=120 {
+            std::fs::remove_file(dir.path().join(format!("{v}.delta"))).unwrap();
+        }
+        let mut r = open(StoreKind::Memory, dir.path(), layout(2, false)).unwrap();
+        r.load(125).unwrap();
+        let want: Vec<(i64, String, i64)> =
+            model.into_iter().map(|((t, k), n)| (t, k, n)).collect();
+        assert_eq!(contents(&r.rows().unwrap()), want, "big={big}");
+    }
+}
