@@ -10,7 +10,9 @@
 //! commit), then acknowledges each. A statement's command completes only after that sync,
 //! so what a client saw acknowledged survives a SIGKILL.
 //!
-//! The offset is the number of rows appended so far; a batch reads rows `[start, end)`.
+//! The offset is the number of rows appended so far; a batch reads rows `[start, end)`:
+//! the frames this process appended lately from memory (the rows as appended, up to
+//! [`TAIL_CACHE_BYTES`]), the others from their segments.
 //! Every query reads the log by offset, from the first retained row. A closed segment is
 //! removed once every query reading the stream has committed past it, or once it is older
 //! than the stream's `retention`.
@@ -43,6 +45,10 @@ const MAX_GROUP: usize = 4096;
 
 /// Appends of at most this many rows are encoded on the calling task.
 const SMALL_APPEND_ROWS: usize = 1024;
+
+/// The rows of the newest statements are kept in memory, up to this many bytes, so that a
+/// query reading the live tail of the log neither reads the file nor decodes it.
+const TAIL_CACHE_BYTES: usize = 16 << 20;
 
 /// The options of a table stream (fed by INSERT and COPY).
 pub const OPTIONS: crate::sql::options::OptionTable = {
@@ -125,11 +131,52 @@ struct LogState {
     readers: BTreeMap<String, u64>,
     /// The offset each reader's file holds (`readers/<query>`), at most its committed one.
     readers_written: BTreeMap<String, u64>,
+    /// The newest statements' rows as appended, by their frame's start: what a read of
+    /// their frames would decode.
+    tail: std::collections::VecDeque<(u64, Arc<Vec<RecordBatch>>)>,
+    tail_bytes: usize,
+    /// [`TAIL_CACHE_BYTES`], or less in tests.
+    tail_limit: usize,
+}
+
+impl LogState {
+    /// Keeps `rows`, the rows of the frame starting at `start`, in the tail; the oldest
+    /// leave it past its limit.
+    fn keep_in_tail(&mut self, start: u64, rows: Vec<RecordBatch>) {
+        let bytes = batches_bytes(&rows);
+        if bytes > self.tail_limit / 4 {
+            return;
+        }
+        self.tail.push_back((start, Arc::new(rows)));
+        self.tail_bytes += bytes;
+        while self.tail_bytes > self.tail_limit {
+            let Some((_, old)) = self.tail.pop_front() else {
+                break;
+            };
+            self.tail_bytes -= batches_bytes(&old);
+        }
+    }
+
+    /// The rows of the frame starting at `start`, if the tail holds them.
+    fn tail_rows(&self, start: u64) -> Option<Arc<Vec<RecordBatch>>> {
+        let i = self.tail.partition_point(|(s, _)| *s < start);
+        self.tail
+            .get(i)
+            .filter(|(s, _)| *s == start)
+            .map(|(_, rows)| rows.clone())
+    }
+}
+
+fn batches_bytes(rows: &[RecordBatch]) -> usize {
+    rows.iter().map(|b| b.get_array_memory_size()).sum()
 }
 
 struct Append {
     rows: u64,
     payload: Vec<u8>,
+    /// The rows encoded in `payload`, for the tail ([`LogState::keep_in_tail`]), unless
+    /// they are too large for it (then dropped once encoded, as a large COPY's must be).
+    batches: Option<Vec<RecordBatch>>,
     done: oneshot::Sender<Result<u64>>,
 }
 
@@ -246,7 +293,10 @@ impl TableLog {
             .filter_map(|e| e.file_name().to_str()?.strip_suffix(".seg")?.parse().ok())
             .collect();
         bases.sort_unstable();
-        let mut state = LogState::default();
+        let mut state = LogState {
+            tail_limit: TAIL_CACHE_BYTES,
+            ..LogState::default()
+        };
         let count = bases.len();
         for (i, base) in bases.into_iter().enumerate() {
             if i == 0 {
@@ -334,16 +384,20 @@ impl TableLog {
         let schema = self.config.schema.clone();
         // A few rows (an INSERT) are encoded in place; a large COPY off the async threads.
         let small = batches.iter().map(|b| b.num_rows()).sum::<usize>() <= SMALL_APPEND_ROWS;
-        let (rows, payload) = if small {
-            encode(&schema, &batches)?
+        let (rows, payload, batches) = if small {
+            let (rows, payload) = encode(&schema, &batches)?;
+            (rows, payload, batches)
         } else {
-            tokio::task::spawn_blocking(move || encode(&schema, &batches))
-                .await
-                .map_err(|e| Error::Internal(format!("encoding rows: {e}")))??
+            tokio::task::spawn_blocking(move || {
+                encode(&schema, &batches).map(|(rows, payload)| (rows, payload, batches))
+            })
+            .await
+            .map_err(|e| Error::Internal(format!("encoding rows: {e}")))??
         };
         if rows == 0 {
             return Ok(0);
         }
+        let batches = (batches_bytes(&batches) <= TAIL_CACHE_BYTES / 4).then_some(batches);
         let (done, wait) = oneshot::channel();
         {
             let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
@@ -353,6 +407,7 @@ impl TableLog {
             tx.send(Append {
                 rows,
                 payload,
+                batches,
                 done,
             })
             .map_err(|_| Error::Internal(format!("the log writer of \"{}\" stopped", self.name)))?;
@@ -369,7 +424,7 @@ impl TableLog {
     /// The rows of `[start, end)`, read lazily, a frame at a time. A start before the first
     /// retained row is an error (the rows were removed by `retention`).
     pub fn read(self: &Arc<Self>, start: Option<u64>, end: u64) -> Result<BatchStream> {
-        let frames: Vec<Frame> = {
+        let frames: Vec<(Frame, Option<Arc<Vec<RecordBatch>>>)> = {
             let s = self.lock();
             let start = start.unwrap_or(s.first);
             if start < s.first {
@@ -381,19 +436,24 @@ impl TableLog {
             s.frames
                 .iter()
                 .filter(|f| f.start + f.rows > start && f.start < end)
-                .cloned()
+                .map(|f| (f.clone(), s.tail_rows(f.start)))
                 .collect()
         };
         let start = start.unwrap_or_else(|| self.bounds().0);
         let dir = self.dir.clone();
         let schema = self.config.schema.clone();
-        let reads = futures::stream::iter(frames).then(move |f| {
+        let reads = futures::stream::iter(frames).then(move |(f, cached)| {
             let dir = dir.clone();
             let schema = schema.clone();
             async move {
-                tokio::task::spawn_blocking(move || read_frame(&dir, &f, start, end, &schema))
+                match cached {
+                    Some(rows) => rows_in(rows.iter().cloned(), f.start, start, end, &schema),
+                    None => tokio::task::spawn_blocking(move || {
+                        rows_in(read_frame(&dir, &f)?, f.start, start, end, &schema)
+                    })
                     .await
-                    .map_err(|e| Error::Internal(format!("log reader panicked: {e}")))?
+                    .map_err(|e| Error::Internal(format!("log reader panicked: {e}")))?,
+                }
             }
         });
         Ok(super::flatten_reads(reads))
@@ -528,14 +588,8 @@ impl TableLog {
     }
 }
 
-/// Reads one frame and keeps its rows in `[start, end)`.
-fn read_frame(
-    dir: &Path,
-    f: &Frame,
-    start: u64,
-    end: u64,
-    schema: &SchemaRef,
-) -> Result<Vec<RecordBatch>> {
+/// A frame's rows, read from its segment.
+fn read_frame(dir: &Path, f: &Frame) -> Result<Vec<RecordBatch>> {
     let path = segment_path(dir, f.segment);
     let mut file = File::open(&path).map_err(io(format!("opening {}", path.display())))?;
     file.seek(SeekFrom::Start(f.pos))
@@ -543,9 +597,20 @@ fn read_frame(
     let mut bytes = vec![0u8; f.len as usize];
     file.read_exact(&mut bytes)
         .map_err(io(format!("reading {}", path.display())))?;
+    decode(&bytes)
+}
+
+/// The rows of `[start, end)` among a frame's `rows`, the first of which is at offset
+/// `at`, in the stream's schema.
+fn rows_in(
+    rows: impl IntoIterator<Item = RecordBatch>,
+    mut at: u64,
+    start: u64,
+    end: u64,
+    schema: &SchemaRef,
+) -> Result<Vec<RecordBatch>> {
     let mut out = Vec::new();
-    let mut at = f.start;
-    for b in decode(&bytes)? {
+    for b in rows {
         let n = b.num_rows() as u64;
         let lo = start.max(at);
         let hi = end.min(at + n);
@@ -643,7 +708,7 @@ impl Writer {
         let mut frames = Vec::with_capacity(group.len());
         let mut at = self.end;
         let mut pos = self.bytes;
-        for a in group {
+        for a in group.iter() {
             buf.extend_from_slice(&(a.payload.len() as u64).to_le_bytes());
             buf.extend_from_slice(&crc32fast::hash(&a.payload).to_le_bytes());
             buf.extend_from_slice(&a.payload);
@@ -674,6 +739,11 @@ impl Writer {
         let acked_ms = Some(chrono::Utc::now().timestamp_millis());
         {
             let mut s = log.lock();
+            for (f, a) in frames.iter().zip(group) {
+                if let Some(rows) = &a.batches {
+                    s.keep_in_tail(f.start, rows.clone());
+                }
+            }
             s.frames
                 .extend(frames.into_iter().map(|f| Frame { acked_ms, ..f }));
             s.end = at;
@@ -884,6 +954,46 @@ mod tests {
         let log = TableLog::open("s", dir.path(), config(DEFAULT_SEGMENT_BYTES, None)).unwrap();
         assert_eq!(log.bounds(), (0, 8));
         assert_eq!(values(&log, Some(6), 8).await, vec![6, 7]);
+    }
+
+    #[tokio::test]
+    async fn the_tail_kept_in_memory_reads_as_the_file_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = TableLog::open("s", dir.path(), config(DEFAULT_SEGMENT_BYTES, None)).unwrap();
+        // Room for the newest few statements only: reads cross from the file to memory.
+        let lens = [1, 7, 3, 2, 5, 1, 4, 2, 3, 1];
+        let largest = (1..=7).map(|len| batches_bytes(&rows(&log, 0..len))).max();
+        log.lock().tail_limit = largest.unwrap() * 4;
+        let mut n = 0;
+        for len in lens {
+            log.append(rows(&log, n as i64..(n + len) as i64))
+                .await
+                .unwrap();
+            n += len;
+        }
+        let (kept, frames) = {
+            let s = log.lock();
+            (s.tail.len(), s.frames.len())
+        };
+        assert!(
+            kept > 1 && kept < frames,
+            "{kept} of {frames} statements kept"
+        );
+        let every_range = async |log: &Arc<TableLog>| {
+            for a in 0..=n {
+                for b in a..=n {
+                    let want: Vec<i64> = (a as i64..b as i64).collect();
+                    assert_eq!(values(log, Some(a), b).await, want, "[{a}, {b})");
+                }
+            }
+        };
+        every_range(&log).await;
+        log.close();
+        drop(log);
+        // Reopened, every read comes from the file.
+        let log = TableLog::open("s", dir.path(), config(DEFAULT_SEGMENT_BYTES, None)).unwrap();
+        assert_eq!(log.lock().tail.len(), 0);
+        every_range(&log).await;
     }
 
     #[tokio::test]
