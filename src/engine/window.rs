@@ -121,12 +121,18 @@ pub fn assign(batch: &RecordBatch, time_col: usize, spec: &WindowSpec) -> Result
             }
         }
     }
-    let indices = UInt32Array::from(indices);
-    let mut columns: Vec<ArrayRef> = batch
-        .columns()
-        .iter()
-        .map(|c| take(c.as_ref(), &indices, None).map_err(Error::from))
-        .collect::<Result<_>>()?;
+    // Each row in exactly one window, in order (a tumbling window and no NULL time): the
+    // rows are the input's, and its columns are kept as they are instead of copied.
+    let mut columns: Vec<ArrayRef> = if spec.max_windows() == 1 && indices.len() == n {
+        batch.columns().to_vec()
+    } else {
+        let indices = UInt32Array::from(indices);
+        batch
+            .columns()
+            .iter()
+            .map(|c| take(c.as_ref(), &indices, None).map_err(Error::from))
+            .collect::<Result<_>>()?
+    };
     let ts_type = DataType::Timestamp(TimeUnit::Microsecond, tz);
     let ends: Int64Array = starts
         .iter()
@@ -468,7 +474,7 @@ pub fn register_udfs(ctx: &datafusion::prelude::SessionContext) {
 mod tests {
     use super::*;
     use chrono::{NaiveDate, NaiveDateTime};
-    use datafusion::arrow::array::TimestampMicrosecondArray;
+    use datafusion::arrow::array::{StringArray, TimestampMicrosecondArray};
 
     fn t(s: &str) -> i64 {
         NaiveDateTime::parse_from_str(s, "%Y-%m-%d %H:%M")
@@ -548,6 +554,42 @@ mod tests {
         assert!(WindowSpec::try_new(Duration::ZERO, None, None).is_err());
         assert!(WindowSpec::try_new(min(5), Some(min(10)), None).is_err());
         assert!(WindowSpec::try_new(min(10), Some(min(5)), Some(5 * 60_000_000)).is_err());
+    }
+
+    /// A tumbling window keeps the input's columns (no copy) and gives the rows a copy
+    /// would; with a NULL time the row is dropped, as before.
+    #[test]
+    fn tumbling_assign_keeps_the_columns_and_their_rows() {
+        let times = [
+            Some(t("2026-06-10 12:07")),
+            Some(t("2026-06-10 12:11")),
+            None,
+        ];
+        let spec = WindowSpec::try_new(min(5), None, None).unwrap();
+        for rows in [2, 3] {
+            let ts = TimestampMicrosecondArray::from(times[..rows].to_vec());
+            let names = StringArray::from(vec!["a", "b", "c"][..rows].to_vec());
+            let schema = Arc::new(Schema::new(vec![
+                Field::new("ts", ts.data_type().clone(), true),
+                Field::new("name", DataType::Utf8, true),
+            ]));
+            let batch = RecordBatch::try_new(schema, vec![Arc::new(ts), Arc::new(names)]).unwrap();
+            let out = assign(&batch, 0, &spec).unwrap();
+            assert_eq!(out.num_rows(), 2);
+            let starts = out.column(2).as_primitive::<TimestampMicrosecondType>();
+            assert_eq!(
+                starts.values().to_vec(),
+                vec![t("2026-06-10 12:05"), t("2026-06-10 12:10")]
+            );
+            let names = out.column(1).as_string::<i32>();
+            assert_eq!(names.iter().collect::<Vec<_>>(), vec![Some("a"), Some("b")]);
+            // Without a NULL time the columns are the input's own arrays.
+            assert_eq!(
+                Arc::ptr_eq(out.column(1), batch.column(1)),
+                rows == 2,
+                "{rows} rows"
+            );
+        }
     }
 
     #[test]

@@ -747,19 +747,37 @@ fn iso_utc(
     } else if !local_is_utc {
         return None;
     }
-    if end < 19
-        || s[4] != b'-'
-        || s[7] != b'-'
-        || !matches!(s[10], b'T' | b' ')
-        || s[13] != b':'
-        || s[16] != b':'
+    if end < 19 {
+        return None;
+    }
+    // A fixed-size head: the reads below need no bounds checks.
+    let head: &[u8; 19] = s.get(..19)?.try_into().ok()?;
+    if head[4] != b'-'
+        || head[7] != b'-'
+        || !matches!(head[10], b'T' | b' ')
+        || head[13] != b':'
+        || head[16] != b':'
     {
         return None;
     }
-    let (hour, minute, second) = (digits(11..13)?, digits(14..16)?, digits(17..19)?);
+    let two = |i: usize| -> Option<u32> {
+        let (a, b) = (head[i].wrapping_sub(b'0'), head[i + 1].wrapping_sub(b'0'));
+        (a < 10 && b < 10).then(|| u32::from(a) * 10 + u32::from(b))
+    };
+    let (hour, minute, second) = (two(11)?, two(14)?, two(17)?);
     let nanos = match end - 19 {
         0 => 0,
-        n if (2..=10).contains(&n) && s[19] == b'.' => digits(20..end)? * 10u32.pow(10 - n as u32),
+        n if (2..=10).contains(&n) && s[19] == b'.' => {
+            let mut v = 0u32;
+            for &d in &s[20..end] {
+                let d = d.wrapping_sub(b'0');
+                if d >= 10 {
+                    return None;
+                }
+                v = v * 10 + u32::from(d);
+            }
+            v * 10u32.pow(10 - n as u32)
+        }
         _ => return None,
     };
     if hour > 23 || minute > 59 || second > 59 {
