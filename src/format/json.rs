@@ -736,11 +736,6 @@ fn iso_utc(
     local_is_utc: bool,
     last_date: &mut Option<([u8; 10], i64)>,
 ) -> Option<Instant> {
-    let digits = |r: std::ops::Range<usize>| -> Option<u32> {
-        s.get(r)?.iter().try_fold(0u32, |v, &d| {
-            d.is_ascii_digit().then(|| v * 10 + u32::from(d - b'0'))
-        })
-    };
     let mut end = s.len();
     if s.last() == Some(&b'Z') {
         end -= 1;
@@ -788,7 +783,7 @@ fn iso_utc(
     let days = match last_date {
         Some((text, days)) if *text == date => *days,
         _ => {
-            let (year, month, day) = (digits(0..4)?, digits(5..7)?, digits(8..10)?);
+            let (year, month, day) = (two(0)? * 100 + two(2)?, two(5)?, two(8)?);
             let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
             let month_days = match month {
                 1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
