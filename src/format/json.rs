@@ -15,8 +15,10 @@
 //! nested value, a duplicated member, an escaped member name, a number in a string, a
 //! fraction for an integer column, a malformed record. Values that arrow-json converts
 //! with a library function (floats with `lexical-core`, timestamps with arrow's
-//! `string_to_datetime`) are converted with that same function. The differential tests
-//! below hold it to that, on fixed cases and on generated JSON.
+//! `string_to_datetime`) are converted with that same function, except where a shorter
+//! reading is exact and gives the same value: a short decimal (`short_float`), a
+//! timestamp in the common ISO form (`iso_utc`). The differential tests below hold it to
+//! that, on fixed cases and on generated JSON.
 
 use std::sync::Arc;
 
@@ -181,6 +183,7 @@ impl Builder {
         Some(())
     }
 
+    #[inline(always)]
     fn append_timestamp(&mut self, v: i64) {
         match self {
             Builder::TsSecond(b) => b.append_value(v),
@@ -235,8 +238,8 @@ impl FlatJson {
         let n = self.kinds.len();
         // `filled[f] == row`: column f has its value for this row.
         let mut filled = vec![0u64; n];
-        // The column the k-th member named in the previous record.
-        let mut order: Vec<usize> = Vec::with_capacity(n);
+        // The column the k-th member named in the previous record, and how its name reads.
+        let mut order: Vec<Slot> = Vec::with_capacity(n);
         let estimate = (input.len() / 64).clamp(1, batch_size);
         let mut builders: Vec<Builder> = self.kinds.iter().map(|k| k.builder(estimate)).collect();
         let mut out = Vec::new();
@@ -250,35 +253,39 @@ impl FlatJson {
             }
             d.pos += 1;
             row += 1;
+            // How many columns got a value in this record.
+            let mut got = 0;
             d.skip_ws();
             if d.peek()? == b'}' {
                 d.pos += 1;
             } else {
                 let mut k = 0;
                 loop {
-                    if d.peek()? != b'"' {
-                        return None;
-                    }
-                    d.pos += 1;
+                    // The member's name and its colon.
                     let field = match order.get(k) {
-                        Some(&f) if d.key_is(&self.names[f]) => Some(f),
+                        Some(slot) if d.slot_is(slot, &self.names) => Some(slot.field),
                         _ => {
+                            if d.peek()? != b'"' {
+                                return None;
+                            }
+                            d.pos += 1;
                             let f = d.key(&self.names)?;
                             if let Some(f) = f {
+                                let slot = Slot::new(f, &self.names[f]);
                                 if k < order.len() {
-                                    order[k] = f;
+                                    order[k] = slot;
                                 } else if k == order.len() {
-                                    order.push(f);
+                                    order.push(slot);
                                 }
                             }
+                            d.skip_ws();
+                            if d.peek()? != b':' {
+                                return None;
+                            }
+                            d.pos += 1;
                             f
                         }
                     };
-                    d.skip_ws();
-                    if d.peek()? != b':' {
-                        return None;
-                    }
-                    d.pos += 1;
                     d.skip_ws();
                     match field {
                         Some(f) => {
@@ -286,9 +293,17 @@ impl FlatJson {
                                 return None;
                             }
                             filled[f] = row;
+                            got += 1;
                             d.value(&self.kinds[f], &mut builders[f])?;
                         }
                         None => d.skip_scalar()?,
+                    }
+                    // `,` or `}`, most often right after the value.
+                    if d.peek() == Some(b',') {
+                        d.pos += 1;
+                        d.skip_ws();
+                        k += 1;
+                        continue;
                     }
                     d.skip_ws();
                     match d.peek()? {
@@ -305,9 +320,11 @@ impl FlatJson {
                     }
                 }
             }
-            for (f, b) in builders.iter_mut().enumerate() {
-                if filled[f] != row {
-                    b.append_null();
+            if got < n {
+                for (f, b) in builders.iter_mut().enumerate() {
+                    if filled[f] != row {
+                        b.append_null();
+                    }
                 }
             }
             rows += 1;
@@ -332,28 +349,50 @@ impl FlatJson {
 #[derive(Debug)]
 struct Name {
     bytes: Box<[u8]>,
-    /// For a name of at most 15 bytes: the name and its closing quote as a little-endian
-    /// word, and the mask of those bytes.
-    word: Option<u128>,
-    mask: u128,
 }
 
 impl Name {
     fn new(bytes: &[u8]) -> Name {
-        let (word, mask) = if bytes.len() < 16 {
-            let mut w = [0u8; 16];
-            let mut m = [0u8; 16];
-            w[..bytes.len()].copy_from_slice(bytes);
-            w[bytes.len()] = b'"';
-            m[..=bytes.len()].fill(0xff);
-            (Some(u128::from_le_bytes(w)), u128::from_le_bytes(m))
-        } else {
-            (None, 0)
-        };
         Name {
             bytes: bytes.into(),
-            word,
-            mask,
+        }
+    }
+}
+
+/// A member expected at some place in a record: its column and, for a name of at most 13
+/// bytes, `"name":` as a little-endian word, the mask of those bytes and their count
+/// (`len == 0` for a longer name, compared byte by byte).
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    field: usize,
+    word: u128,
+    mask: u128,
+    len: usize,
+}
+
+impl Slot {
+    fn new(field: usize, name: &Name) -> Slot {
+        let name = &name.bytes;
+        if name.len() > 13 {
+            return Slot {
+                field,
+                word: 0,
+                mask: 0,
+                len: 0,
+            };
+        }
+        let len = name.len() + 3;
+        let mut word = [0u8; 16];
+        word[0] = b'"';
+        word[1..=name.len()].copy_from_slice(name);
+        word[len - 2..len].copy_from_slice(b"\":");
+        let mut mask = [0u8; 16];
+        mask[..len].fill(0xff);
+        Slot {
+            field,
+            word: u128::from_le_bytes(word),
+            mask: u128::from_le_bytes(mask),
+            len,
         }
     }
 }
@@ -382,26 +421,36 @@ impl Decoding<'_> {
         }
     }
 
-    /// After an opening quote: whether the member name is `name` (then skipped).
-    #[inline]
-    fn key_is(&mut self, name: &Name) -> bool {
-        if let (Some(word), Some(at)) = (name.word, self.b.get(self.pos..self.pos + 16)) {
-            // The name and its closing quote, compared in one 16-byte word.
+    /// At a member: whether it is the one `slot` expects (then skipped).
+    #[inline(always)]
+    fn slot_is(&mut self, slot: &Slot, names: &[Name]) -> bool {
+        if slot.len > 0
+            && let Some(at) = self.b.get(self.pos..self.pos + 16)
+        {
+            // The quotes, the name and the colon, compared in one 16-byte word.
             let v = u128::from_le_bytes(at.try_into().unwrap_or_default());
-            if v & name.mask == word {
-                self.pos += name.bytes.len() + 1;
+            if v & slot.mask == slot.word {
+                self.pos += slot.len;
                 return true;
             }
             return false;
         }
+        self.member_is(&names[slot.field])
+    }
+
+    /// At a member: whether it is `"name":` exactly (then skipped), byte by byte: for a
+    /// name too long for [`Slot`]'s word, or near the text's end. `false` leaves the
+    /// position as it was, for [`Decoding::key`].
+    #[inline]
+    fn member_is(&mut self, name: &Name) -> bool {
         let name = &name.bytes;
-        let end = self.pos + name.len();
-        let same = self
-            .b
-            .get(self.pos..end)
-            .is_some_and(|key| key.iter().zip(name).all(|(a, b)| a == b));
-        if same && self.b.get(end) == Some(&b'"') {
-            self.pos = end + 1;
+        let start = self.pos + 1;
+        let end = start + name.len();
+        if self.b.get(self.pos) == Some(&b'"')
+            && self.b.get(start..end) == Some(&name[..])
+            && self.b.get(end..end + 2) == Some(b"\":")
+        {
+            self.pos = end + 2;
             true
         } else {
             false
@@ -547,6 +596,42 @@ impl Decoding<'_> {
         Some((self.text.get(start..p)?, integer))
     }
 
+    /// A JSON number read as an `f64`: a short one by [`short_float`], any other as
+    /// arrow-json reads it (`lexical-core`), or `None` where the grammar refuses it.
+    #[inline]
+    fn float64(&mut self) -> Option<f64> {
+        if let Some((v, end)) = short_float(self.b, self.pos) {
+            self.pos = end;
+            return Some(v);
+        }
+        let (text, _) = self.number()?;
+        lexical_core::parse::<f64>(text.as_bytes()).ok()
+    }
+
+    /// After an opening quote: a timestamp in the common form, read where it stands (no
+    /// scan for the closing quote first), and the closing quote's position; `None` for a
+    /// string of any other shape (an escape, another form), which [`Decoding::value`]
+    /// then reads as a string.
+    #[inline]
+    fn plain_timestamp(&mut self, local_is_utc: bool) -> Option<(Instant, usize)> {
+        let b = self.b;
+        let mut end = self.pos + 19;
+        if b.get(end) == Some(&b'.') {
+            end += 1;
+            while let Some(b'0'..=b'9') = b.get(end) {
+                end += 1;
+            }
+        }
+        if b.get(end) == Some(&b'Z') {
+            end += 1;
+        }
+        if b.get(end) != Some(&b'"') {
+            return None;
+        }
+        let t = iso_utc(&b[self.pos..end], local_is_utc, &mut self.last_date)?;
+        Some((t, end))
+    }
+
     /// `null`, `true` or `false` (after checking the first letter).
     #[inline]
     fn literal(&mut self, word: &[u8]) -> Option<()> {
@@ -592,10 +677,7 @@ impl Decoding<'_> {
                 }
                 out.append_int(parse_int(text)?)?;
             }
-            (Kind::Float64, Builder::Float64(out)) => {
-                let (text, _) = self.number()?;
-                out.append_value(lexical_core::parse::<f64>(text.as_bytes()).ok()?);
-            }
+            (Kind::Float64, Builder::Float64(out)) => out.append_value(self.float64()?),
             (Kind::Float32, Builder::Float32(out)) => {
                 let (text, _) = self.number()?;
                 out.append_value(lexical_core::parse::<f32>(text.as_bytes()).ok()?);
@@ -623,6 +705,11 @@ impl Decoding<'_> {
                     return None;
                 }
                 self.pos += 1;
+                if let Some((t, end)) = self.plain_timestamp(tz.is_none()) {
+                    out.append_timestamp(t.in_unit(*unit)?);
+                    self.pos = end + 1;
+                    return Some(());
+                }
                 let mut last_date = self.last_date.take();
                 let s = self.string()?;
                 let v = match (iso_utc(s.as_bytes(), tz.is_none(), &mut last_date), tz) {
@@ -661,6 +748,76 @@ impl Decoding<'_> {
         Some(())
     }
 }
+
+/// A number of at most seven digits before the point and seven after it and no
+/// exponent, read eight bytes at a time, and where it ends; `None` for any other text,
+/// which [`Decoding::float64`] then reads as arrow-json does. Its digits make an integer
+/// mantissa below 10^14, exact in an `f64`, and the quotient by an exact power of ten is
+/// then correctly rounded: the value `lexical-core` gives too (its own fast path is this
+/// one, Clinger's).
+#[inline(always)]
+fn short_float(b: &[u8], start: usize) -> Option<(f64, usize)> {
+    let negative = b.get(start) == Some(&b'-');
+    let mut p = start + usize::from(negative);
+    let (n, int) = digits8(b, p)?;
+    if n == 0 || n == 8 || (n > 1 && b[p] == b'0') {
+        return None;
+    }
+    p += n;
+    let (mantissa, fraction) = if b.get(p) == Some(&b'.') {
+        let (f, frac) = digits8(b, p + 1)?;
+        if f == 0 || f == 8 {
+            return None;
+        }
+        p += 1 + f;
+        (int * TENS[f] + frac, f)
+    } else {
+        (int, 0)
+    };
+    if let Some(b'e' | b'E' | b'0'..=b'9' | b'-' | b'+' | b'.') = b.get(p) {
+        return None;
+    }
+    let v = mantissa as f64 / POWERS_OF_TEN[fraction];
+    Some((if negative { -v } else { v }, p))
+}
+
+/// How many of the eight bytes at `at` are ASCII digits before the first that is not
+/// (8: all of them), and the value of those digits.
+#[inline(always)]
+fn digits8(b: &[u8], at: usize) -> Option<(usize, u64)> {
+    const LOW: u64 = 0x0F0F_0F0F_0F0F_0F0F;
+    const HIGH: u64 = 0xF0F0_F0F0_F0F0_F0F0;
+    const ZEROS: u64 = 0x3030_3030_3030_3030;
+    const SEVENS: u64 = 0x7F7F_7F7F_7F7F_7F7F;
+    let x = u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?);
+    // A byte of `other` is not zero where `x`'s byte is not a digit: its high half is not
+    // 3, or adding 6 carries into it. A carry can come only out of such a byte, so it
+    // never changes the first one.
+    let other = ((x & HIGH) ^ ZEROS) | ((x.wrapping_add(0x0606_0606_0606_0606) & HIGH) ^ ZEROS);
+    let flags = (((other & SEVENS) + SEVENS) | other) & !SEVENS;
+    let n = (flags.trailing_zeros() / 8) as usize;
+    if n == 0 {
+        return Some((0, 0));
+    }
+    // The digits' values in the top `n` bytes, the first the most significant; the zero
+    // bytes below are leading zeros. Then pairs, fours and eights are combined.
+    let d = (x & LOW) << (8 * (8 - n));
+    let d = d.wrapping_mul(10).wrapping_add(d >> 8);
+    let d = ((d & 0x0000_00FF_0000_00FF)
+        .wrapping_mul(0x000F_4240_0000_0064)
+        .wrapping_add(((d >> 16) & 0x0000_00FF_0000_00FF).wrapping_mul(0x0000_2710_0000_0001)))
+        >> 32;
+    Some((n, d))
+}
+
+/// 10^n for the fraction's digits.
+const TENS: [u64; 8] = [1, 10, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000];
+
+/// The powers of ten an `f64` holds exactly.
+const POWERS_OF_TEN: [f64; 23] = [
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
+    1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
+];
 
 /// The first `"` or `\\` at or after `from`: eight bytes at a time in a word (most values
 /// are short), then `memchr`'s SIMD scan for a long string.
@@ -715,6 +872,7 @@ struct Instant {
 
 impl Instant {
     /// In `unit`, as chrono's `timestamp*` functions give it.
+    #[inline(always)]
     fn in_unit(&self, unit: TimeUnit) -> Option<i64> {
         let n = i64::from(self.nanos);
         Some(match unit {
@@ -771,7 +929,19 @@ fn iso_utc(
                 }
                 v = v * 10 + u32::from(d);
             }
-            v * 10u32.pow(10 - n as u32)
+            v * [
+                0,
+                0,
+                100_000_000,
+                10_000_000,
+                1_000_000,
+                100_000,
+                10_000,
+                1_000,
+                100,
+                10,
+                1,
+            ][n]
         }
         _ => return None,
     };
@@ -923,6 +1093,58 @@ mod tests {
                {"t":"1900-02-28 00:00:00.5","tn":"2026-06-10T10:04:48Z"}"#,
         ] {
             assert!(same_as_arrow(&s, text.as_bytes(), 3), "declined: {text}");
+        }
+    }
+
+    #[test]
+    fn short_decimals_are_read_eight_bytes_at_a_time() {
+        let text = b"60.032,\"page\":\"/docs\"}";
+        assert_eq!(short_float(text, 0), Some((60.032, 6)));
+        assert_eq!(short_float(b"-0.5}       ", 0), Some((-0.5, 4)));
+        assert_eq!(
+            short_float(b"-0}         ", 0).map(|(v, _)| v.to_bits()),
+            Some((-0.0f64).to_bits())
+        );
+        // Eight digits, an exponent, a leading zero: read a digit at a time.
+        for other in [
+            &b"12345678.5}       "[..],
+            b"1.12345678}      ",
+            b"1.5e3}          ",
+            b"012}            ",
+        ] {
+            assert_eq!(
+                short_float(other, 0),
+                None,
+                "{}",
+                String::from_utf8_lossy(other)
+            );
+        }
+    }
+
+    #[test]
+    fn names_longer_than_the_word_and_spaces_before_the_colon_read_as_arrow_reads_them() {
+        // 13 bytes is the longest name matched in one word (`"name":` in 16 bytes).
+        let s = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int64, true),
+            Field::new("thirteen_byte", DataType::Utf8, true),
+            Field::new("fourteen_bytes", DataType::Float64, true),
+            Field::new("a_name_of_twenty_six_bytes", DataType::Utf8, true),
+        ]));
+        for text in [
+            r#"{"a":1,"thirteen_byte":"x","fourteen_bytes":2.5,"a_name_of_twenty_six_bytes":"y"}
+               {"a":2,"thirteen_byte":"z","fourteen_bytes":3.5,"a_name_of_twenty_six_bytes":"w"}"#,
+            // The order changes from one record to the next, and back.
+            r#"{"a_name_of_twenty_six_bytes":"y","fourteen_bytes":1,"a":1}
+               {"a":2,"a_name_of_twenty_six_bytes":"v"}
+               {"a_name_of_twenty_six_bytes":"u","fourteen_bytes":-0.25,"a":3}"#,
+            // Whitespace between a name and its colon, and around the value.
+            "{\"a\" :1,\"thirteen_byte\"\t: \"x\" ,\"fourteen_bytes\"\n:2}\n{\"a\":2}",
+            // A name that starts like a column's and goes on; a prefix of one.
+            r#"{"thirteen_bytes":"no","a":1}{"thirteen_byt":"no","a":2}{"aa":3,"a":4}"#,
+            // At the end of the text, too short for a 16-byte read.
+            r#"{"a":1}"#,
+        ] {
+            assert!(same_as_arrow(&s, text.as_bytes(), 2), "declined: {text}");
         }
     }
 
@@ -1094,8 +1316,29 @@ mod tests {
             })
     }
 
+    /// Decimals of the lengths [`short_float`] reads, and a little past them.
+    fn short_decimal() -> impl Strategy<Value = String> {
+        (
+            any::<bool>(),
+            0u64..100_000_000,
+            prop::option::of((0usize..10, 0u64..1_000_000_000)),
+        )
+            .prop_map(|(negative, int, fraction)| {
+                let sign = if negative { "-" } else { "" };
+                match fraction {
+                    None => format!("{sign}{int}"),
+                    Some((digits, f)) => {
+                        let f = f.to_string();
+                        let f = &f[..digits.min(f.len())];
+                        format!("{sign}{int}.{f:0>digits$}")
+                    }
+                }
+            })
+    }
+
     fn number_literal() -> impl Strategy<Value = String> {
         prop_oneof![
+            short_decimal(),
             any::<i64>().prop_map(|v| v.to_string()),
             any::<i32>().prop_map(|v| v.to_string()),
             any::<i8>().prop_map(|v| v.to_string()),
@@ -1240,6 +1483,46 @@ mod tests {
             column in prop::sample::select(vec!["t", "tz", "tn", "d"]),
         ) {
             same_as_arrow(&schema(), format!("{{\"{column}\":{t}}}").as_bytes(), 1);
+        }
+
+        #[test]
+        fn short_decimals_read_as_lexical_core_reads_them(
+            number in short_decimal(),
+            after in prop::sample::select(vec!["", "}", ",\"a\":1}", " ", "e5", ".5", "-", "0", "x"]),
+            padded in any::<bool>(),
+        ) {
+            // Padded, the eight-byte reads fit; without, a number at the text's end.
+            let text = format!("{number}{after}{}", if padded { "        " } else { "" });
+            // What arrow-json does: the grammar's number, then `lexical-core`.
+            let mut d = Decoding {
+                text: &text,
+                b: text.as_bytes(),
+                pos: 0,
+                scratch: String::new(),
+                last_date: None,
+            };
+            let want = d
+                .number()
+                .and_then(|(n, _)| lexical_core::parse::<f64>(n.as_bytes()).ok())
+                .map(|v| (v.to_bits(), d.pos));
+            d.pos = 0;
+            let got = d.float64().map(|v| (v.to_bits(), d.pos));
+            prop_assert_eq!(got, want, "{}", text);
+        }
+
+        #[test]
+        fn eight_bytes_of_digits_read_as_one_at_a_time(
+            bytes in prop::collection::vec(
+                prop_oneof![3 => 0x2fu8..=0x3a, 1 => any::<u8>()],
+                8..=12,
+            ),
+            at in 0usize..5,
+        ) {
+            let want = bytes.get(at..at + 8).map(|w| {
+                let n = w.iter().take_while(|c| c.is_ascii_digit()).count();
+                (n, w[..n].iter().fold(0u64, |v, &c| v * 10 + u64::from(c - b'0')))
+            });
+            prop_assert_eq!(digits8(&bytes, at), want, "{:?}", bytes);
         }
 
         #[test]
