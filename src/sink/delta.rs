@@ -744,22 +744,48 @@ impl Versions {
         if CACHED_BYTES.load(Ordering::Relaxed) + new_bytes > self.budget {
             return self.outgrown();
         }
-        let mut files = Vec::with_capacity(live.len());
-        for (path, _size) in live {
-            if let Some(f) = kept.get(path.as_str()) {
-                files.push((path, Arc::clone(f)));
-                continue;
-            }
+        // New files are decoded on every core, as many at a time as there are cores, and
+        // taken in the log's order; the budget is checked file by file as they come, so a
+        // table that outgrows it stops the decoding after at most that many more files.
+        use futures::StreamExt;
+        enum Rows {
+            Kept(Arc<CachedFile>),
+            Read(Vec<RecordBatch>),
+            Failed(String),
+        }
+        let mut decoded = futures::stream::iter(live.into_iter().map(|(path, _size)| {
+            let kept = kept.get(path.as_str()).map(|f| Arc::clone(f));
             let file = self.path.join(&path);
             let schema = self.schema.clone();
-            let read = tokio::task::spawn_blocking(move || read_parquet(&file, &schema)).await;
-            let batches = match read {
-                Ok(Ok(b)) => b,
-                Ok(Err(e)) => {
-                    tracing::debug!(path = %self.path.display(), error = %e, "read from files");
+            async move {
+                let rows = match kept {
+                    Some(f) => Rows::Kept(f),
+                    None => {
+                        match tokio::task::spawn_blocking(move || read_parquet(&file, &schema))
+                            .await
+                        {
+                            Ok(Ok(batches)) => Rows::Read(batches),
+                            Ok(Err(e)) => Rows::Failed(e.to_string()),
+                            Err(e) => Rows::Failed(e.to_string()),
+                        }
+                    }
+                };
+                (path, rows)
+            }
+        }))
+        .buffered(crate::config::parallelism());
+        let mut files = Vec::new();
+        while let Some((path, rows)) = decoded.next().await {
+            let batches = match rows {
+                Rows::Kept(f) => {
+                    files.push((path, f));
+                    continue;
+                }
+                Rows::Read(batches) => batches,
+                Rows::Failed(error) => {
+                    tracing::debug!(path = %self.path.display(), error, "read from files");
                     return None;
                 }
-                Err(_) => return None,
             };
             let (cached, fits) = CachedFile::reserve(batches, self.budget);
             if !fits {
@@ -945,6 +971,51 @@ mod tests {
             rows(read.clone(), agg).await,
             rows(delta().await, agg).await
         );
+    }
+
+    #[tokio::test]
+    async fn a_first_read_decodes_many_files_together_and_keeps_the_logs_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let schema = id_page_schema();
+        let sink = DeltaSink::new(dir.path(), schema.clone(), 0).unwrap();
+        sink.ensure_table("t", &schema).await.unwrap();
+        let pages = ["/a", "/b", "/c", "/d", "/e", "/f", "/g"];
+        for (b, page) in pages.iter().enumerate() {
+            let ids: Vec<i64> = (0..=b as i64).map(|i| 10 * b as i64 + i).collect();
+            let batch = batch(&schema, &ids, &vec![*page; ids.len()]);
+            sink.add_batch(
+                &BatchInfo::new("q", BatchId(b as u64), &WriteMode::Append),
+                vec![batch],
+            )
+            .await
+            .unwrap();
+        }
+        let read = Arc::new(DeltaReadTable::try_new(dir.path()).await.unwrap());
+        let opened = deltalake::open_table(table_url(dir.path()).unwrap())
+            .await
+            .unwrap();
+        let log_order: Vec<String> = opened
+            .snapshot()
+            .unwrap()
+            .log_data()
+            .iter()
+            .map(|f| f.path().into_owned())
+            .collect();
+        let delta = opened.table_provider().await.unwrap();
+        let sql = "SELECT id, page FROM t";
+        assert_eq!(rows(read.clone(), sql).await, rows(delta, sql).await);
+        let (_, cached) = read.latest().await.unwrap();
+        let files = cached.unwrap().files.clone();
+        assert_eq!(files.len(), pages.len());
+        let cached_order: Vec<&str> = files.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(cached_order, log_order);
+        // Each file's rows are its own batch's: file k holds k + 1 rows.
+        let mut counts: Vec<usize> = files
+            .iter()
+            .map(|(_, f)| f.batches.iter().map(RecordBatch::num_rows).sum())
+            .collect();
+        counts.sort_unstable();
+        assert_eq!(counts, (1..=pages.len()).collect::<Vec<_>>());
     }
 
     #[tokio::test]
