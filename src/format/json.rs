@@ -217,7 +217,7 @@ impl FlatJson {
             names: schema
                 .fields()
                 .iter()
-                .map(|f| Name::new(f.name().as_bytes()))
+                .map(|f| f.name().as_bytes().into())
                 .collect(),
             kinds,
         })
@@ -346,18 +346,7 @@ impl FlatJson {
 }
 
 /// A column's name as members name it.
-#[derive(Debug)]
-struct Name {
-    bytes: Box<[u8]>,
-}
-
-impl Name {
-    fn new(bytes: &[u8]) -> Name {
-        Name {
-            bytes: bytes.into(),
-        }
-    }
-}
+type Name = Box<[u8]>;
 
 /// A member expected at some place in a record: its column and, for a name of at most 13
 /// bytes, `"name":` as a little-endian word, the mask of those bytes and their count
@@ -372,7 +361,6 @@ struct Slot {
 
 impl Slot {
     fn new(field: usize, name: &Name) -> Slot {
-        let name = &name.bytes;
         if name.len() > 13 {
             return Slot {
                 field,
@@ -443,7 +431,6 @@ impl Decoding<'_> {
     /// position as it was, for [`Decoding::key`].
     #[inline]
     fn member_is(&mut self, name: &Name) -> bool {
-        let name = &name.bytes;
         let start = self.pos + 1;
         let end = start + name.len();
         if self.b.get(self.pos) == Some(&b'"')
@@ -467,7 +454,7 @@ impl Decoding<'_> {
         }
         self.pos = end + 1;
         let key = &self.b[start..end];
-        Some(names.iter().position(|n| *n.bytes == *key))
+        Some(names.iter().position(|n| **n == *key))
     }
 
     /// After an opening quote: the string's text, unescaped as arrow-json unescapes it.
