@@ -120,31 +120,100 @@ const MIN_PIECE_BYTES: u64 = 4 << 20;
 /// one read on one thread is streamed through arrow-json, so memory stays bounded.
 const MAX_WHOLE_JSON: u64 = 256 << 20;
 
-/// The largest file buffer a thread keeps for its next file (see [`with_text_buffer`]).
+/// The largest file buffer kept for a later file (see [`with_text_buffer`]).
 const KEPT_TEXT_BUFFER: usize = 64 << 20;
 
-/// Runs `read` with an empty buffer of at least `len` bytes' capacity: the buffer the
-/// calling thread used for its previous file when it is large enough, so that reading a
-/// file costs the copy from the page cache and not also the page faults and zeroing of
-/// fresh memory (a tenth of the seed query's CPU before). A thread keeps one buffer of at
-/// most 64 MiB; nothing decoded refers to it (the decoders copy what they keep).
-fn with_text_buffer<T>(len: u64, read: impl FnOnce(&mut Vec<u8>) -> T) -> T {
-    thread_local! {
-        static KEPT: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+/// The most bytes of file buffers kept for later files, all together.
+const KEPT_TEXT_BYTES: usize = 128 << 20;
+
+/// File buffers kept for later files, shared by every thread (the blocking pool runs
+/// reads on many threads, a few files each): at most `limit` buffers of at most
+/// [`KEPT_TEXT_BUFFER`] bytes, [`KEPT_TEXT_BYTES`] in all.
+struct TextBuffers {
+    kept: std::sync::Mutex<Vec<Vec<u8>>>,
+    limit: std::sync::OnceLock<usize>,
+}
+
+impl TextBuffers {
+    const fn new() -> TextBuffers {
+        TextBuffers {
+            kept: std::sync::Mutex::new(Vec::new()),
+            limit: std::sync::OnceLock::new(),
+        }
     }
+
+    fn kept(&self) -> std::sync::MutexGuard<'_, Vec<Vec<u8>>> {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// As many as files are decoded at once: a batch's own reads and the read-ahead's,
+    /// each as many at a time as there are cores.
+    fn limit(&self) -> usize {
+        *self.limit.get_or_init(|| 2 * crate::config::parallelism())
+    }
+
+    /// An empty buffer of at least `want` bytes' capacity: the smallest kept one that is
+    /// large enough, or a new one an eighth larger, so that a later file a little longer
+    /// still fits in it.
+    fn take(&self, want: usize) -> Vec<u8> {
+        let kept = {
+            let mut kept = self.kept();
+            let fits = kept
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| t.capacity() >= want)
+                .min_by_key(|(_, t)| t.capacity())
+                .map(|(i, _)| i);
+            fits.map(|i| kept.swap_remove(i))
+        };
+        let mut text = kept.unwrap_or_else(|| Vec::with_capacity(want.saturating_add(want / 8)));
+        text.clear();
+        text
+    }
+
+    /// Keeps `text` for a later file, in place of the smallest kept buffer when there are
+    /// already as many as the limit and it is larger.
+    fn give(&self, mut text: Vec<u8>) {
+        if text.capacity() > KEPT_TEXT_BUFFER {
+            return;
+        }
+        text.clear();
+        let limit = self.limit();
+        let dropped = {
+            let mut kept = self.kept();
+            let bytes: usize = kept.iter().map(|t| t.capacity()).sum();
+            if kept.len() < limit && bytes + text.capacity() <= KEPT_TEXT_BYTES {
+                kept.push(text);
+                None
+            } else {
+                match kept.iter_mut().min_by_key(|t| t.capacity()) {
+                    Some(smallest)
+                        if smallest.capacity() < text.capacity()
+                            && bytes - smallest.capacity() + text.capacity() <= KEPT_TEXT_BYTES =>
+                    {
+                        Some(std::mem::replace(smallest, text))
+                    }
+                    _ => Some(text),
+                }
+            }
+        };
+        // Freed outside the lock.
+        drop(dropped);
+    }
+}
+
+static TEXT_BUFFERS: TextBuffers = TextBuffers::new();
+
+/// Runs `read` with an empty buffer of at least `len` bytes' capacity, kept in
+/// [`TEXT_BUFFERS`] for later files, so that reading a file costs the copy from the page
+/// cache and not also the page faults and zeroing of fresh memory. Nothing decoded refers
+/// to the buffer (the decoders copy what they keep).
+fn with_text_buffer<T>(len: u64, read: impl FnOnce(&mut Vec<u8>) -> T) -> T {
     let len = usize::try_from(len).unwrap_or(usize::MAX);
     // `read_to_end` reads past the end to see it: one spare byte spares a regrow.
-    let want = len.saturating_add(1);
-    let mut text = KEPT.with(|k| k.take());
-    text.clear();
-    if text.capacity() < want {
-        text = Vec::with_capacity(want);
-    }
+    let mut text = TEXT_BUFFERS.take(len.saturating_add(1));
     let out = read(&mut text);
-    if text.capacity() <= KEPT_TEXT_BUFFER {
-        text.clear();
-        KEPT.with(|k| k.set(text));
-    }
+    TEXT_BUFFERS.give(text);
     out
 }
 
@@ -909,11 +978,11 @@ mod tests {
         assert_eq!(without_chunk_line("at line end"), "at line end");
     }
 
-    /// Files read one after another on one thread share its kept buffer: each gives its
-    /// own rows, whether it is shorter or longer than the one before (and a malformed one
-    /// is read again record by record from the same buffer).
+    /// Files read one after another share the kept buffers: each gives its own rows,
+    /// whether it is shorter or longer than the one before (and a malformed one is read
+    /// again record by record from the same buffer).
     #[test]
-    fn a_thread_reads_each_file_into_its_kept_buffer() {
+    fn files_read_one_after_another_share_the_kept_buffers() {
         let dir = tempfile::tempdir().unwrap();
         let line = |i: usize| format!("{{\"page\":\"/p{i}\",\"n\":{i}}}\n");
         let long: String = (0..5000).map(line).collect();
@@ -943,6 +1012,42 @@ mod tests {
                 .collect();
             assert_eq!(got.iter().map(|r| r.1).collect::<Vec<_>>(), want, "{name}");
         }
+    }
+
+    /// A buffer given back is taken again for a file a little longer than the one it was
+    /// made for, by another thread too; a file too large for every kept buffer gets a new
+    /// one; and no more than the limit are kept, the largest ones.
+    #[test]
+    fn kept_text_buffers_are_reused_across_threads_and_bounded() {
+        let buffers = TextBuffers::new();
+        let _ = buffers.limit.set(2);
+        let first = buffers.take(1000);
+        assert!(first.capacity() >= 1125, "{}", first.capacity());
+        let at = first.as_ptr();
+        buffers.give(first);
+        let again = std::thread::scope(|s| s.spawn(|| buffers.take(1100)).join().unwrap());
+        assert_eq!(again.as_ptr(), at, "the kept buffer is reused");
+        assert!(again.is_empty());
+        let larger = buffers.take(5000);
+        assert_ne!(larger.as_ptr(), at);
+        let small = buffers.take(10);
+        buffers.give(again);
+        buffers.give(larger);
+        buffers.give(small);
+        let mut kept: Vec<usize> = buffers.kept().iter().map(|t| t.capacity()).collect();
+        kept.sort();
+        assert_eq!(kept.len(), 2);
+        assert!(kept[0] >= 1125 && kept[1] >= 5000, "{kept:?}");
+        // A buffer over the size kept is freed; so is one that would take the kept
+        // buffers over their total.
+        buffers.give(Vec::with_capacity(KEPT_TEXT_BUFFER + 1));
+        buffers.give(Vec::with_capacity(KEPT_TEXT_BUFFER));
+        let kept: Vec<usize> = buffers.kept().iter().map(|t| t.capacity()).collect();
+        assert!(kept.iter().all(|&c| c <= KEPT_TEXT_BUFFER), "{kept:?}");
+        assert_eq!(kept.len(), 2);
+        buffers.give(Vec::with_capacity(KEPT_TEXT_BUFFER));
+        let kept: Vec<usize> = buffers.kept().iter().map(|t| t.capacity()).collect();
+        assert!(kept.iter().sum::<usize>() <= KEPT_TEXT_BYTES, "{kept:?}");
     }
 
     #[test]
