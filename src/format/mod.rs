@@ -166,9 +166,8 @@ impl TextBuffers {
                 .map(|(i, _)| i);
             fits.map(|i| kept.swap_remove(i))
         };
-        let mut text = kept.unwrap_or_else(|| Vec::with_capacity(want.saturating_add(want / 8)));
-        text.clear();
-        text
+        // Kept buffers are empty: `give` clears them.
+        kept.unwrap_or_else(|| Vec::with_capacity(want.saturating_add(want / 8)))
     }
 
     /// Keeps `text` for a later file, in place of the smallest kept buffer when there are
