@@ -168,6 +168,29 @@ impl TestServer {
     }
 }
 
+/// A test that fails while its server is up prints how the server stands (still running,
+/// or the status it exited with) and the end of its log: the server's side of a failure
+/// is otherwise lost with the test's temporary directory.
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let state = match self.child.try_wait() {
+            Ok(Some(status)) => format!("exited with {status}"),
+            Ok(None) => "still running".to_string(),
+            Err(e) => format!("in an unknown state ({e})"),
+        };
+        let log = self.log();
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = lines[lines.len().saturating_sub(80)..].join("\n");
+        eprintln!(
+            "tidemark on port {} {state}; the last lines of its log:\n{tail}",
+            self.port
+        );
+    }
+}
+
 /// Connects to a server on `port`.
 pub async fn connect(port: u16) -> Client {
     connect_as(port, "tidemark").await
