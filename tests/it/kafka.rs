@@ -75,6 +75,7 @@ pub fn prerequisites(need_tansu: bool) -> bool {
 pub struct Tansu {
     child: Child,
     pub bootstrap: String,
+    log: PathBuf,
 }
 
 impl Tansu {
@@ -85,7 +86,8 @@ impl Tansu {
         // tansu advertises the address it is given, so it cannot pick its own port.
         let port = free_port();
         let url = format!("tcp://127.0.0.1:{port}");
-        let log = std::fs::File::create(dir.join("broker.log")).unwrap();
+        let log_path = dir.join("broker.log");
+        let log = std::fs::File::create(&log_path).unwrap();
         let child = Command::new(bin)
             .args([
                 "broker",
@@ -108,12 +110,26 @@ impl Tansu {
             assert!(std::time::Instant::now() < deadline, "tansu did not start");
             std::thread::sleep(Duration::from_millis(50));
         }
-        Tansu { child, bootstrap }
+        Tansu {
+            child,
+            bootstrap,
+            log: log_path,
+        }
     }
 }
 
 impl Drop for Tansu {
     fn drop(&mut self) {
+        // A failing test shows the broker's side too (as `TestServer` shows the server's).
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            eprintln!(
+                "tansu at {}, the last lines of its log:\n{}",
+                self.bootstrap,
+                lines[lines.len().saturating_sub(40)..].join("\n")
+            );
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
