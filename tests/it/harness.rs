@@ -181,14 +181,19 @@ impl Drop for TestServer {
             Ok(None) => "still running".to_string(),
             Err(e) => format!("in an unknown state ({e})"),
         };
-        let log = self.log();
-        let lines: Vec<&str> = log.lines().collect();
-        let tail = lines[lines.len().saturating_sub(80)..].join("\n");
         eprintln!(
-            "tidemark on port {} {state}; the last lines of its log:\n{tail}",
-            self.port
+            "tidemark on port {} {state}; the last lines of its log:\n{}",
+            self.port,
+            log_tail(&self.log, 80)
         );
     }
+}
+
+/// The last `n` lines of the log file at `path` (empty if it cannot be read).
+pub fn log_tail(path: &Path, n: usize) -> String {
+    let log = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// Connects to a server on `port`.

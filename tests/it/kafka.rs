@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use super::harness::{TestServer, free_port, poll, rows};
+use super::harness::{TestServer, free_port, log_tail, poll, rows};
 
 /// The tansu binary: `$TIDEMARK_TANSU`, the CI cache, or `tansu` on the PATH.
 fn tansu_binary() -> Option<PathBuf> {
@@ -122,12 +122,10 @@ impl Drop for Tansu {
     fn drop(&mut self) {
         // A failing test shows the broker's side too (as `TestServer` shows the server's).
         if std::thread::panicking() {
-            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-            let lines: Vec<&str> = log.lines().collect();
             eprintln!(
                 "tansu at {}, the last lines of its log:\n{}",
                 self.bootstrap,
-                lines[lines.len().saturating_sub(40)..].join("\n")
+                log_tail(&self.log, 40)
             );
         }
         let _ = self.child.kill();
