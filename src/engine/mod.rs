@@ -48,6 +48,7 @@ use crate::sql::parser::{
     CreateSink, CreateStream, QueryKind, TidemarkStatement, parse_watermark_option,
 };
 use crate::sql::types::arrow_to_sql;
+use crate::types::BatchId;
 use aggregate::OutputMode;
 use plan::{DedupMode, StateConfig};
 use progress::{QueryStatus, Registry, Status};
@@ -1397,16 +1398,35 @@ impl Engine {
                 .cloned()
                 .collect(),
         };
-        for n in names {
-            let noun = self
-                .catalog
-                .lock()
-                .await
-                .sink(&n)
-                .map_or("sink", |d| d.kind.noun());
-            self.wait_caught_up(&n, noun, sink.is_some()).await?;
+        // One sink can read what another writes (a Delta stream over a sink's table), so
+        // `FLUSH` alone goes round again while a round moved any sink: a chain of n sinks
+        // settles within n + 1 rounds, and a source that never runs dry cannot hold it
+        // longer than that.
+        let max_rounds = if sink.is_some() { 1 } else { names.len() + 1 };
+        for _ in 0..max_rounds {
+            let before = self.last_batches(&names);
+            for n in &names {
+                let noun = self
+                    .catalog
+                    .lock()
+                    .await
+                    .sink(n)
+                    .map_or("sink", |d| d.kind.noun());
+                self.wait_caught_up(n, noun, sink.is_some()).await?;
+            }
+            if self.last_batches(&names) == before {
+                break;
+            }
         }
         Ok(Output::Command("FLUSH".into()))
+    }
+
+    /// Each named query's last committed batch, to tell whether a `FLUSH` round moved any.
+    fn last_batches(&self, names: &[String]) -> Vec<Option<BatchId>> {
+        names
+            .iter()
+            .map(|n| self.registry.get(n).and_then(|s| s.last_batch_id))
+            .collect()
     }
 
     async fn wait_caught_up(&self, name: &str, noun: &str, explicit: bool) -> Result<()> {
