@@ -1403,15 +1403,16 @@ impl Engine {
         // settles within n + 1 rounds, and a source that never runs dry cannot hold it
         // longer than that.
         let max_rounds = if sink.is_some() { 1 } else { names.len() + 1 };
+        let nouns: Vec<&str> = {
+            let cat = self.catalog.lock().await;
+            names
+                .iter()
+                .map(|n| cat.sink(n).map_or("sink", |d| d.kind.noun()))
+                .collect()
+        };
         for _ in 0..max_rounds {
             let before = self.last_batches(&names);
-            for n in &names {
-                let noun = self
-                    .catalog
-                    .lock()
-                    .await
-                    .sink(n)
-                    .map_or("sink", |d| d.kind.noun());
+            for (n, noun) in names.iter().zip(&nouns) {
                 self.wait_caught_up(n, noun, sink.is_some()).await?;
             }
             if self.last_batches(&names) == before {
